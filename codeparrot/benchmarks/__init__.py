@@ -1,0 +1,1 @@
+"""Benchmark rows for `make bench`: each module exposes `rows(quick: bool) -> list[BenchRow]`."""

@@ -1,0 +1,250 @@
+"""Typed configs: dataclasses with a doc per field, loaded from YAML, overridden by dotted CLI flags.
+
+Precedence is CLI > YAML file > dataclass defaults. Every field is declared with `doc(...)`:
+
+    @dataclass
+    class OptimConfig:
+        lr: float = doc(5e-4, "Peak learning rate after warmup.")
+
+Nested dataclasses are addressed with dots on the command line (`--optim.lr 2e-4` or `--optim.lr=2e-4`)
+and as nested mappings in YAML. Unknown keys and values of the wrong type are a one-line
+`CodeParrotError` naming the key (and the file), never a silent default.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from codeparrot.errors import CodeParrotError
+
+T = TypeVar("T")
+
+
+def doc(default: Any, help: str) -> Any:
+    """A dataclass field with a default and its documentation (shown by `--help` and `describe`).
+
+    `default` may be a value, a mutable list/dict (copied per instance) or a dataclass type (a nested
+    config built with its own defaults).
+    """
+    meta = {"help": help}
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert `value` to type `tp`; strings from the CLI are parsed as YAML scalars first."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except CodeParrotError:
+                continue
+        raise CodeParrotError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise CodeParrotError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise CodeParrotError(f"{key}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise CodeParrotError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise CodeParrotError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                pass
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CodeParrotError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise CodeParrotError(f"{key}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CodeParrotError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise CodeParrotError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise CodeParrotError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a (nested) mapping, rejecting unknown keys with a suggestion."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = _field_types(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in (data or {}).items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            raise CodeParrotError(f"unknown config key {prefix}{key}{hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}{key}")
+    try:
+        obj = cls(**kwargs)
+    except TypeError as err:
+        raise CodeParrotError(f"{prefix or cls.__name__}: {err}") from None
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (what is saved with every checkpoint)."""
+    return dataclasses.asdict(obj)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or a syntax error is a one-line error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise CodeParrotError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise CodeParrotError(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CodeParrotError(f"{path}: expected a mapping of config keys at the top level")
+    return data
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn `['--optim.lr', '2e-4', '--seed=3']` into a nested dict `{'optim': {'lr': '2e-4'}, 'seed': '3'}`.
+
+    Values stay strings here; `from_dict` converts them to each field's declared type.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise CodeParrotError(f"unexpected argument {arg!r}: overrides look like --key value or --key=value")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+        else:
+            if i + 1 >= len(args) or (args[i + 1].startswith("--") and len(args[i + 1]) > 2):
+                value = "true"  # a bare flag, e.g. --gradient_checkpointing
+            else:
+                i += 1
+                value = args[i]
+        key = key.replace("-", "_")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise CodeParrotError(f"override --{key} conflicts with another override")
+        node[parts[-1]] = _parse_scalar(value)
+        i += 1
+    return out
+
+
+def _parse_scalar(value: str) -> Any:
+    """CLI strings: keep them as strings except YAML's null, so `--key null` clears an optional field."""
+    return None if value in ("null", "None", "~") else value
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `override` into a copy of `base`."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | dict | None = None) -> T:
+    """defaults < YAML file < CLI overrides, validated into `cls`. Errors name the file when there is one."""
+    data: dict[str, Any] = load_yaml(path) if path else {}
+    if overrides:
+        data = merge(data, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
+    try:
+        return from_dict(cls, data)
+    except CodeParrotError as err:
+        raise CodeParrotError(f"{path}: {err}" if path else str(err)) from None
+
+
+def describe(cls: type, prefix: str = "") -> str:
+    """A `--help` text: one line per (nested) field with its type, default and documentation."""
+    lines = []
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"  {prefix}{f.name}.*: {f.metadata.get('help', '')}")
+            lines.append(describe(tp, prefix=f"{prefix}{f.name}."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = "required"
+        lines.append(f"  --{prefix}{f.name} ({_type_name(tp)}, default {default!r})\n      {f.metadata.get('help', '')}")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""The typed config system: YAML < CLI precedence, type checks, unknown keys, nested dotted overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import pytest
+
+from codeparrot.config import describe, doc, load_config, parse_overrides, to_dict
+from codeparrot.errors import CodeParrotError
+
+
+@dataclass
+class Optim:
+    lr: float = doc(5e-4, "peak learning rate")
+    betas: list = doc([0.9, 0.999], "AdamW betas")
+
+
+@dataclass
+class Cfg:
+    name: str = doc("run", "run name")
+    steps: int = doc(10, "number of optimizer steps")
+    bf16: bool = doc(False, "use bf16")
+    schedule: Literal["cosine", "linear"] = doc("cosine", "lr schedule")
+    resume: Optional[str] = doc(None, "checkpoint to resume from")
+    optim: Optim = doc(Optim, "optimizer settings")
+
+
+def test_defaults_then_yaml_then_cli(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 20\noptim:\n  lr: 1.0e-3\n")
+    cfg = load_config(Cfg, path, ["--optim.lr", "2e-4", "--bf16", "--name=x"])
+    assert cfg.steps == 20  # from the file
+    assert cfg.optim.lr == pytest.approx(2e-4)  # CLI beats the file
+    assert cfg.bf16 is True and cfg.name == "x"
+    assert cfg.optim.betas == [0.9, 0.999]  # default
+    assert to_dict(cfg)["optim"]["lr"] == pytest.approx(2e-4)
+
+
+def test_mutable_defaults_are_not_shared():
+    a, b = Cfg(), Cfg()
+    a.optim.betas.append(1.0)
+    assert b.optim.betas == [0.9, 0.999]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--stepz", "3"], "unknown config key stepz (did you mean steps?)"),
+        (["--steps", "three"], "steps: expected an integer"),
+        (["--optim.lr", "fast"], "optim.lr: expected a number"),
+        (["--schedule", "step"], "schedule: expected one of"),
+        (["--optim.momentum", "0.9"], "unknown config key optim.momentum"),
+    ],
+)
+def test_bad_values_are_one_line_errors(overrides, message):
+    with pytest.raises(CodeParrotError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        load_config(Cfg, None, overrides)
+
+
+def test_yaml_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("steps: 3\noptim: [unclosed\n")
+    with pytest.raises(CodeParrotError, match=r"bad.yaml:\d+: invalid YAML"):
+        load_config(Cfg, path)
+    path.write_text("steps: 3\nwarmup: 2\n")
+    with pytest.raises(CodeParrotError, match=r"bad.yaml: unknown config key warmup"):
+        load_config(Cfg, path)
+    with pytest.raises(CodeParrotError, match="config file not found"):
+        load_config(Cfg, tmp_path / "missing.yaml")
+
+
+def test_null_clears_optional_and_describe_lists_every_field():
+    assert parse_overrides(["--resume", "null"]) == {"resume": None}
+    assert load_config(Cfg, None, {"resume": "auto"}).resume == "auto"
+    text = describe(Cfg)
+    for key in ("--name", "--steps", "--bf16", "--schedule", "--resume", "--optim.lr", "--optim.betas"):
+        assert key in text
+    assert "peak learning rate" in text
