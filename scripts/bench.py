@@ -1,0 +1,22 @@
+"""Print the benchmark table (throughput per stage, tokens/s, MFU) and write it to a Markdown file."""
+
+from __future__ import annotations
+
+import argparse
+
+from codeparrot.bench import AREAS, run
+from codeparrot.errors import run_cli
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--output", default="bench/results.md", help="Markdown file the table is written to (atomically)")
+    parser.add_argument("--areas", nargs="+", choices=AREAS, default=AREAS, help="benchmark areas to run, in table order")
+    parser.add_argument("--quick", action="store_true", help="small inputs and few repeats: a smoke run, not figures to quote")
+    args = parser.parse_args()
+    run(args.output, args.areas, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
