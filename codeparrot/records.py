@@ -1,0 +1,309 @@
+"""Reading a BigQuery GitHub export (newline-delimited JSON, optionally gzipped) and writing gzip JSONL shards.
+
+The export is one JSON object per line with `repo_name, path, copies, size, content, license`; only the text
+column (`content` by default) is required, other fields pass through untouched. Files are streamed line by
+line (never loaded whole), so memory does not grow with the export (180 GB for the real one).
+
+Broken input never stops a run unless `strict=True`: every bad record is counted by reason in `BadRecords`,
+which also remembers the first `file:line` of each reason so the user can look at an example. The reasons:
+
+- `malformed JSON`: the line does not parse as JSON (a truncated line, a JSON array file, ...)
+- `not a JSON object`: the line parses but is a list, number or string
+- `missing text column`: no `content` (or `--text-column`) key
+- `non-string text`: the text column is null, a number, a list, ...
+- `invalid UTF-8`: the line's bytes are not UTF-8, or the text holds an unpaired surrogate (`"\\ud800"`)
+- `NUL bytes`: a raw NUL byte in the line or `\\u0000` in the text (binary files that slipped in)
+- `empty file`: an input file without a single record
+- `truncated gzip` / `corrupt gzip`: the compressed stream ends early or is damaged; the rest of the file
+  is lost, the lines before it are kept
+- `unreadable file`: an I/O error while reading
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, NamedTuple
+
+from codeparrot.errors import CodeParrotError
+
+INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+SHARD_PATTERN = "file-{index:012d}.json.gz"  # CodeParrot's shard names: file-000000000001.json.gz, ...
+
+
+class Location(NamedTuple):
+    """Where a record came from: input file and 1-based line number."""
+
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass
+class BadRecords:
+    """Counts of skipped records by reason, with the first location (and parser message) of each reason."""
+
+    strict: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    first: dict[str, str] = field(default_factory=dict)  # reason -> "file:line (detail)"
+
+    def add(self, reason: str, where: Location, detail: str = "") -> None:
+        """Count one bad record; with `strict`, raise a one-line error naming the file and line instead."""
+        example = f"{where}" + (f" ({detail})" if detail else "")
+        if self.strict:
+            raise CodeParrotError(f"{example}: {reason} (--strict stops at the first bad record)")
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        self.first.setdefault(reason, example)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def summary_lines(self) -> list[str]:
+        """One line per reason: count and the first place it happened."""
+        return [f"{reason}: {count} (first at {self.first[reason]})" for reason, count in sorted(self.counts.items())]
+
+
+def _is_input_file(path: Path) -> bool:
+    return path.name.endswith(INPUT_SUFFIXES) and path.is_file()
+
+
+def _files_under(directory: Path) -> list[Path]:
+    """Input files below `directory` (recursively), sorted; hidden folders (e.g. an unfinished output's
+    `.name.tmp-*`) and hidden files are skipped."""
+    found = []
+    for p in directory.rglob("*"):
+        if not any(part.startswith(".") for part in p.relative_to(directory).parts) and _is_input_file(p):
+            found.append(p)
+    return sorted(found)
+
+
+def resolve_inputs(specs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files, directories (searched recursively) and globs into a sorted, de-duplicated file list.
+
+    Directories contribute (recursively, hidden folders skipped) their `.json`, `.jsonl`, `.json.gz`, `.jsonl.gz` files; an explicitly named file is
+    taken whatever its suffix. A missing path, an unreadable file or a spec that matches nothing is a one-line
+    `CodeParrotError`. Order: each spec's files sorted by path, specs in the order given (deterministic).
+    """
+    specs = [os.fspath(s) for s in specs]
+    if not specs:
+        raise CodeParrotError("no input given (--input PATH_OR_GLOB)")
+    files: list[Path] = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            found = _files_under(path)
+            if not found:
+                raise CodeParrotError(f"no input files ({', '.join(INPUT_SUFFIXES)}) in directory {spec}")
+        elif glob.has_magic(spec):
+            found = []
+            for match in sorted(glob.glob(os.path.expanduser(spec), recursive=True)):
+                p = Path(match)
+                found.extend(_files_under(p) if p.is_dir() else [p] if p.is_file() else [])
+            if not found:
+                raise CodeParrotError(f"no input files match {spec}")
+        elif path.is_file():
+            found = [path]
+        else:
+            raise CodeParrotError(f"input not found: {spec}")
+        for p in found:
+            if not os.access(p, os.R_OK):
+                raise CodeParrotError(f"input file is not readable: {p}")
+        files.extend(found)
+    return list(dict.fromkeys(files))  # a file named twice (dir + glob) is read once
+
+
+def _open_binary(path: Path):
+    """Open an input file for reading bytes; `.gz` files are decompressed on the fly."""
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, Location]]:
+    """Non-blank lines (without the line break) of every file, in order, with their location.
+
+    File-level problems (empty file, truncated or corrupt gzip, I/O errors) are counted in `bad`.
+    """
+    for path in paths:
+        name = str(path)
+        lineno = 0
+        records = 0
+        try:
+            with _open_binary(path) as f:
+                for lineno, line in enumerate(f, start=1):
+                    line = line.rstrip(b"\r\n")
+                    if not line.strip():
+                        continue  # blank lines (a trailing newline, padding) are not records
+                    records += 1
+                    yield line, Location(name, lineno)
+        except EOFError as err:
+            bad.add("truncated gzip", Location(name, lineno + 1), str(err))
+            continue
+        except (gzip.BadGzipFile, zlib.error) as err:
+            bad.add("corrupt gzip", Location(name, lineno + 1), str(err))
+            continue
+        except OSError as err:
+            bad.add("unreadable file", Location(name, lineno + 1), err.strerror or str(err))
+            continue
+        if records == 0:
+            bad.add("empty file", Location(name, 1))
+
+
+def parse_line(line: bytes, where: Location, text_column: str, bad: BadRecords) -> tuple[dict[str, Any], str] | None:
+    """(record, text) of one JSON line, or None after counting it in `bad` under its reason."""
+    if b"\x00" in line:
+        bad.add("NUL bytes", where)
+        return None
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad.add("invalid UTF-8", where, f"byte {err.start}")
+        return None
+    try:
+        record = json.loads(decoded)
+    except json.JSONDecodeError as err:
+        bad.add("malformed JSON", where, err.msg + f" at column {err.colno}")
+        return None
+    if not isinstance(record, dict):
+        bad.add("not a JSON object", where, type(record).__name__)
+        return None
+    if text_column not in record:
+        bad.add("missing text column", where, f"no {text_column!r} key")
+        return None
+    text = record[text_column]
+    if not isinstance(text, str):
+        bad.add("non-string text", where, f"{text_column!r} is {type(text).__name__}")
+        return None
+    if "\x00" in text:
+        bad.add("NUL bytes", where)
+        return None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            bad.add("invalid UTF-8", where, f"unpaired surrogate at character {err.start}")
+            return None
+    return record, text
+
+
+def iter_raw_records(
+    paths: Iterable[Path], text_column: str = "content", bad: BadRecords | None = None
+) -> Iterator[tuple[bytes, dict[str, Any], str, Location]]:
+    """(raw line, record, text, location) of every valid record; bad ones are counted in `bad`.
+
+    The raw line is what the writers copy to the output, so fields pass through byte for byte.
+    """
+    bad = bad if bad is not None else BadRecords()
+    for line, where in iter_lines(paths, bad):
+        parsed = parse_line(line, where, text_column, bad)
+        if parsed is not None:
+            yield line, parsed[0], parsed[1], where
+
+
+def iter_records(
+    paths: Iterable[Path], text_column: str = "content", strict: bool = False, bad: BadRecords | None = None
+) -> Iterator[tuple[dict[str, Any], Location]]:
+    """(record, location) of every valid record, streamed line by line.
+
+    Bad records are counted in `bad` (created when None); with `strict`, the first one raises a
+    `CodeParrotError` naming its file and line.
+    """
+    bad = bad if bad is not None else BadRecords()
+    bad.strict = bad.strict or strict
+    for _, record, _, where in iter_raw_records(paths, text_column, bad):
+        yield record, where
+
+
+class ShardWriter:
+    """Writes JSON lines into `directory/file-000000000001.json.gz`, ... with `samples_per_file` rows each.
+
+    Shards are numbered from 1 (CodeParrot's naming) and opened lazily, so no empty shard is ever written.
+    The gzip header carries no file name and mtime 0: the same rows give byte-identical shards, which makes
+    runs comparable with a checksum. Rows are buffered and compressed in ~1 MiB writes.
+    """
+
+    def __init__(self, directory: str | os.PathLike, samples_per_file: int = 100_000, compresslevel: int = 6):
+        if samples_per_file < 1:
+            raise CodeParrotError(f"samples per file must be >= 1, got {samples_per_file}")
+        if not 0 <= compresslevel <= 9:
+            raise CodeParrotError(f"gzip compression level must be 0..9, got {compresslevel}")
+        self.directory = Path(directory)
+        self.samples_per_file = samples_per_file
+        self.compresslevel = compresslevel
+        self.paths: list[Path] = []
+        self.rows = 0
+        self._rows_in_shard = 0
+        self._raw = None
+        self._gz: gzip.GzipFile | None = None
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+
+    def _open_next(self) -> None:
+        self._close_shard()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / SHARD_PATTERN.format(index=len(self.paths) + 1)
+        self._raw = open(path, "wb")
+        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=self.compresslevel, mtime=0)
+        self.paths.append(path)
+        self._rows_in_shard = 0
+
+    def _flush(self) -> None:
+        if self._buffer:
+            self._gz.write(b"".join(self._buffer))
+            self._buffer, self._buffered = [], 0
+
+    def _close_shard(self) -> None:
+        if self._gz is not None:
+            self._flush()
+            self._gz.close()
+            self._raw.close()
+            self._gz = self._raw = None
+
+    def write_line(self, line: bytes) -> None:
+        """Append one JSON object given as its serialized bytes (no line break)."""
+        if self._gz is None or self._rows_in_shard >= self.samples_per_file:
+            self._open_next()
+        self._buffer.append(line)
+        self._buffer.append(b"\n")
+        self._buffered += len(line) + 1
+        self._rows_in_shard += 1
+        self.rows += 1
+        if self._buffered >= 1 << 20:
+            self._flush()
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Append one record (serialized as compact JSON, non-ASCII kept as UTF-8)."""
+        self.write_line(json.dumps(record, ensure_ascii=False).encode("utf-8"))
+
+    def close(self) -> list[Path]:
+        """Finish the last shard; returns every shard written."""
+        self._close_shard()
+        return self.paths
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def ensure_replaceable(output_dir: str | os.PathLike, allowed: Iterable[str], what: str) -> None:
+    """Refuse to replace an existing, non-empty `output_dir` holding anything but `allowed` entries (glob
+    patterns of top-level names): the atomic rename at the end would delete it. A typo such as
+    `--output-dir ~` must never cost the user their files."""
+    path = Path(output_dir)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise CodeParrotError(f"output directory {path} exists and is not a directory")
+    allowed = list(allowed)
+    for entry in sorted(path.iterdir()):
+        if not any(entry.match(pattern) for pattern in allowed):
+            raise CodeParrotError(f"refusing to replace {path}: it holds {entry.name!r}, which is not {what}; "
+                                  "choose a new or empty --output-dir")

@@ -1,0 +1,198 @@
+"""Hugging Face Hub checkpoint repository, through `huggingface_hub.HfApi`.
+
+The token comes from huggingface_hub's usual sources (`HF_TOKEN`, `hf auth login`); this module never reads,
+prints or logs it, and scrubs anything token-shaped from the error messages it raises.
+
+Commits replace the branch's files with the folder's (`upload_folder(..., delete_patterns="*")`, which
+keeps the Hub's `.gitattributes`). `commit_folder_async` uses `upload_folder(run_as_future=True)`, so the
+upload runs on HfApi's background thread; `promote` copies files server-side (`CommitOperationCopy`), so
+promoting a 6 GB checkpoint downloads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.repository import (
+    BranchInfo,
+    CheckpointRepository,
+    CommitInfo,
+    parse_step,
+    validate_branch_name,
+    validate_revision,
+)
+
+_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
+
+
+def scrub(text: str) -> str:
+    """`text` with anything that looks like a Hugging Face token replaced by `hf_***`."""
+    return _TOKEN_RE.sub("hf_***", text)
+
+
+def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None = None) -> CodeParrotError:
+    """A one-line `CodeParrotError` for an exception raised by huggingface_hub."""
+    from huggingface_hub import errors
+
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    if isinstance(err, errors.RevisionNotFoundError):
+        return CodeParrotError(f"revision {revision!r} not found in Hub repository {repo_id}")
+    if isinstance(err, errors.RepositoryNotFoundError):
+        return CodeParrotError(f"Hub repository {repo_id} not found or not accessible "
+                               "(log in with `hf auth login` or set HF_TOKEN)")
+    if isinstance(err, errors.OfflineModeIsEnabled) or (
+            isinstance(err, errors.LocalEntryNotFoundError) and os.environ.get("HF_HUB_OFFLINE") == "1"):
+        return CodeParrotError(f"{what} {at}: the Hub is offline (HF_HUB_OFFLINE=1) and {at} is not in the "
+                               "local cache")
+    lines = str(err).strip().splitlines()
+    return CodeParrotError(scrub(f"{what} {at} failed: {type(err).__name__}: {lines[0] if lines else ''}"))
+
+
+def _is_hub_failure(err: BaseException) -> bool:
+    """Errors that come from talking to the Hub (HTTP, network, offline, validation), not from our bugs."""
+    from huggingface_hub import errors
+
+    return isinstance(err, (OSError, ValueError, errors.HfHubHTTPError, errors.EntryNotFoundError)) or \
+        type(err).__module__.startswith(("httpx", "requests", "huggingface_hub"))
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.PathLike | None = None) -> Path:
+    """`snapshot_download` of `repo_id` at `revision` (the local cache when offline), as a folder path."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, revision=validate_revision(revision) if revision else None,
+                                      local_dir=local_dir))
+    except Exception as err:
+        if _is_hub_failure(err):
+            raise hub_error(err, "downloading", repo_id, revision) from None
+        raise
+
+
+class HubRepository(CheckpointRepository):
+    """A model repository `repo_id` on the Hugging Face Hub (or any server behind `HF_ENDPOINT`)."""
+
+    def __init__(self, repo_id: str, create: bool = False, api: Any = None, private: bool | None = None):
+        from huggingface_hub import HfApi
+
+        self.repo_id = self.ref = repo_id
+        self.api = api if api is not None else HfApi()
+        self._known_branches: set[str] = set()
+        if create:
+            self._call("creating", self.api.create_repo, repo_id=repo_id, repo_type="model", exist_ok=True,
+                       private=private)
+
+    def _call(self, what: str, fn: Callable, at: str | None = None, **kwargs):
+        """`fn(**kwargs)` with Hub failures turned into one-line errors naming the repository (`at` a revision)."""
+        try:
+            return fn(**kwargs)
+        except Exception as err:
+            if _is_hub_failure(err):
+                raise hub_error(err, what, self.repo_id, at) from None
+            raise
+
+    def _head(self, revision: str):
+        """The newest `GitCommitInfo` of `revision`."""
+        validate_revision(revision)
+        commits = self._call("reading", self.api.list_repo_commits, revision, repo_id=self.repo_id,
+                             revision=revision)
+        if not commits:
+            raise CodeParrotError(f"revision {revision!r} not found in Hub repository {self.repo_id}")
+        return commits[0]
+
+    def resolve_revision(self, revision: str) -> str:
+        return self._head(revision).commit_id
+
+    def create_branch(self, branch: str, from_revision: str = "main") -> None:
+        validate_branch_name(branch)
+        if branch in self._known_branches or branch == "main":
+            return
+        self._call("creating a branch in", self.api.create_branch, from_revision, repo_id=self.repo_id,
+                   branch=branch, revision=from_revision, exist_ok=True)
+        self._known_branches.add(branch)
+
+    def _upload(self, folder: str | os.PathLike, branch: str, message: str, run_as_future: bool):
+        folder = Path(folder)
+        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+            raise CodeParrotError(f"cannot commit {folder}: not a folder with files")
+        self.create_branch(branch)  # a new experiment branches off main
+        return self._call("uploading to", self.api.upload_folder, branch, repo_id=self.repo_id,
+                          folder_path=str(folder), revision=branch, commit_message=message,
+                          delete_patterns="*",  # the folder becomes the whole tree (.gitattributes is kept)
+                          run_as_future=run_as_future)
+
+    def commit_folder(self, folder: str | os.PathLike, branch: str, message: str) -> str:
+        return self._upload(folder, branch, message, run_as_future=False).oid
+
+    def commit_folder_async(self, folder: str | os.PathLike, branch: str, message: str) -> Future:
+        """Upload on HfApi's background thread; a future of the commit id (failures raise on `.result()`)."""
+        upload = self._upload(folder, branch, message, run_as_future=True)
+        result: Future = Future()
+
+        def done(fut: Future) -> None:
+            err = fut.exception()
+            if err is None:
+                result.set_result(fut.result().oid)
+            elif _is_hub_failure(err):
+                result.set_exception(hub_error(err, "uploading to", self.repo_id, branch))
+            else:
+                result.set_exception(err)
+
+        upload.add_done_callback(done)
+        return result
+
+    def list_branches(self) -> list[BranchInfo]:
+        refs = self._call("listing branches of", self.api.list_repo_refs, repo_id=self.repo_id)
+        branches = []
+        for ref in refs.branches:
+            commits = self._call("reading", self.api.list_repo_commits, ref.name, repo_id=self.repo_id,
+                                 revision=ref.name)
+            date = commits[0].created_at.isoformat() if commits else ""
+            step = next((s for s in (parse_step(c.title) for c in commits) if s is not None), None)
+            branches.append(BranchInfo(name=ref.name, commit_id=ref.target_commit, date=date, latest_step=step))
+        branches.sort(key=lambda b: b.date, reverse=True)
+        branches.sort(key=lambda b: b.name != "main")
+        return branches
+
+    def list_commits(self, branch: str) -> list[CommitInfo]:
+        validate_branch_name(branch)
+        commits = self._call("reading", self.api.list_repo_commits, branch, repo_id=self.repo_id, revision=branch)
+        return [CommitInfo(commit_id=c.commit_id, message=c.title, date=c.created_at.isoformat(),
+                           step=parse_step(c.title)) for c in commits]
+
+    def download(self, revision: str, output_dir: str | os.PathLike) -> Path:
+        from codeparrot.atomic_io import atomic_dir
+
+        output_dir = Path(output_dir)
+        if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+            raise CodeParrotError(f"output directory {output_dir} already exists and is not empty")
+        with atomic_dir(output_dir) as tmp:
+            hub_snapshot(self.repo_id, revision, local_dir=tmp)
+            shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
+        return output_dir
+
+    def promote(self, revision: str) -> str:
+        from huggingface_hub import CommitOperationCopy, CommitOperationDelete
+
+        head = self._head(revision)
+        source, title = head.commit_id, head.title
+        src_files = set(self._call("listing files of", self.api.list_repo_files, source, repo_id=self.repo_id,
+                                   revision=source))
+        main_files = set(self._call("listing files of", self.api.list_repo_files, "main", repo_id=self.repo_id,
+                                    revision="main"))
+        operations: list = [CommitOperationCopy(src_path_in_repo=f, path_in_repo=f, src_revision=source)
+                            for f in sorted(src_files) if f != ".gitattributes"]
+        operations += [CommitOperationDelete(path_in_repo=f) for f in sorted(main_files - src_files)
+                       if f != ".gitattributes"]
+        step = parse_step(title)
+        message = f"promote {revision}@{source[:12]} ({f'step {step}' if step is not None else title})"
+        info = self._call("committing to", self.api.create_commit, "main", repo_id=self.repo_id,
+                          operations=operations, commit_message=message,
+                          commit_description=f"Source commit: {source}\nSource message: {title}", revision="main")
+        return info.oid

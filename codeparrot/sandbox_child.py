@@ -1,0 +1,239 @@
+"""What runs inside a sandboxed program's process: the audit-hook guard and the checker (stdlib only).
+
+Loaded by `sandbox_server.py` (a `python -I -S` process); `run_program` is called in a freshly forked child
+that already has its limits, namespaces and unprivileged uid (see `codeparrot/sandbox.py` for the layers).
+
+The verdict channel. A pass is the line `P <nonce>` on the result pipe. The 32-hex-digit nonce is read
+from a pipe the server fills after the fork, kept only in the audit hook's closure (never in argv, env,
+files, globals or any frame), and written by the hook when the audit event `codeparrot.report` is raised
+from the checker's own frame (the frame registered by the first `codeparrot.start` event, which the
+checker raises before any program code runs) after `check(candidate)` returned. So `sys.exit(0)`,
+`os._exit(0)`, printing "passed" or raising the event from program code never counts as a pass.
+
+The checker's integrity. The test runs in its own namespace: builtins are a snapshot taken before the
+program ran (a completion that shadows or patches `abs`, `isinstance`, `len`, `AssertionError`... does not
+affect the test; `assert` itself raises the C-level AssertionError), prompt helpers the test calls (e.g.
+`poly` in HumanEval/32) come from executing the prompt alone, not from the completion's redefinitions, and
+modules the program imported are dropped from `sys.modules` so the test's own imports are fresh objects.
+Every builtin the checker uses after program code has run was bound to a local before.
+
+Guard events refused always ("integrity"): ctypes, gc introspection (get_objects/referrers/referents),
+function/code construction, sys.settrace/setprofile/_current_frames/addaudithook, sub-interpreters,
+opening /proc/*/mem. Refused with `contain=True` ("containment", the only barrier when the kernel offers
+no namespaces): sockets, fork/exec/spawn/subprocess/system, signals to other processes, rlimit changes,
+writes/removals/renames outside the workspace, symlinks/hardlinks, any path under /proc, non-string paths.
+A refused event ends the process at once (`D <event>` on the result pipe): no exception that program code
+could catch, and no traceback holding the hook's frame.
+
+Not prevented (documented limits): a candidate returning an object whose `__eq__` always says True; code
+that deliberately walks interpreter frames (sys._getframe / tracebacks, which stdlib modules need) to
+patch the test's namespace while `check` runs. Both are targeted attacks on the score, not accidents, and
+neither weakens containment, which the operating system enforces.
+"""
+
+import os
+import sys
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_INTEGRITY = frozenset({
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "function.__new__", "code.__new__",
+    "sys.settrace", "sys.setprofile", "sys._current_frames", "sys.addaudithook",
+    "cpython.PyInterpreterState_New", "cpython.run_command", "cpython.run_file", "cpython.run_module",
+})
+_CONTAIN = frozenset({
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+    "os.killpg", "signal.pthread_kill", "os.symlink", "os.link", "resource.setrlimit", "resource.prlimit",
+    "syslog.openlog", "syslog.syslog", "os.chroot", "webbrowser.open", "os.startfile", "pty.spawn",
+    "os.mkfifo", "os.mknod", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr",
+})
+# Path-taking events: (index of the path argument(s), index of dir_fd or None).
+_PATH_EVENTS = {
+    "os.remove": ((0,), 1), "os.rmdir": ((0,), 1), "os.mkdir": ((0,), 2), "os.rename": ((0, 1), 2),
+    "os.truncate": ((0,), None), "os.chmod": ((0,), 2), "os.chown": ((0,), 3), "os.utime": ((0,), 3),
+    "os.chdir": ((0,), None), "shutil.rmtree": ((0,), 1), "shutil.move": ((0, 1), None),
+    "shutil.copyfile": ((1,), None), "shutil.copytree": ((1,), None), "sqlite3.connect": ((0,), None),
+}
+_NO_IMPORT = frozenset({"_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels"})
+
+
+def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, reporter) -> None:
+    """Read the nonce from `nonce_fd` and install the audit hook. Everything the hook touches is bound to
+    a local here, so patching builtins or modules later cannot change what the hook does."""
+    _read, _close, _write, _exit, _getpid = os.read, os.close, os.write, os._exit, os.getpid
+    _getcwd, _getframe, _type, _str, _bytes, _int, _len = os.getcwd, sys._getframe, type, str, bytes, int, len
+    integrity, contain_events, path_events, no_import = _INTEGRITY, _CONTAIN, _PATH_EVENTS, _NO_IMPORT
+    write_flags = _WRITE_FLAGS
+    nonce = b""
+    while _len(nonce) < 32:
+        chunk = _read(nonce_fd, 32 - _len(nonce))
+        if not chunk:
+            break
+        nonce += chunk
+    _close(nonce_fd)
+    me = _getpid()
+    ws = workspace.rstrip("/")
+    state = [None, False]  # [checker frame, reported]
+
+    def deny(event):
+        try:
+            _write(result_fd, b"D " + event.encode("ascii", "replace")[:120] + b"\n")
+        finally:
+            _exit(252)
+
+    def absolute(path):
+        """Normalized absolute path of an exact str/bytes path (no filesystem access), or None."""
+        if _type(path) is _bytes:
+            path = path.decode("utf-8", "surrogateescape")
+        elif _type(path) is not _str:
+            return None
+        if not path.startswith("/"):
+            path = _getcwd() + "/" + path
+        parts = []
+        for part in path.split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part and part != ".":
+                parts.append(part)
+        return "/" + "/".join(parts)
+
+    def inside(path):
+        return path is not None and (path == ws or path.startswith(ws + "/"))
+
+    def hook(event, args):
+        if event in integrity or event.startswith("ctypes."):
+            deny(event)
+        if event == "open":
+            path, mode, flags = args
+            if _type(path) is _int:
+                return
+            full = absolute(path)
+            if full is None:
+                deny("open of a non-string path")
+            tail = full.rsplit("/", 1)[-1]
+            if (full.startswith("/proc/") and tail == "mem") or (mode is None and tail == "mem"):
+                deny("open " + full)
+            if contain:
+                writing = _type(flags) is _int and flags & write_flags
+                if full.startswith("/proc/") or full == "/proc":
+                    deny("open " + full)
+                if writing and (not inside(full) or (mode is None and not path.startswith(
+                        "/" if _type(path) is _str else b"/"))):  # os.open may carry a dir_fd we cannot see
+                    deny("open for writing " + full)
+        elif event == "codeparrot.start":
+            if state[0] is None:
+                state[0] = _getframe(1)
+        elif event == "codeparrot.report":  # from `reporter`'s code, called directly by the registered frame
+            frame = _getframe(1)
+            if state[0] is not None and not state[1] and frame.f_code is reporter and frame.f_back is state[0]:
+                state[1] = True
+                _write(result_fd, b"P " + nonce + b"\n")
+        elif not contain:
+            return
+        elif event in contain_events or event.startswith("socket."):
+            deny(event)
+        elif event == "import":
+            if args[0] in no_import:
+                deny("import " + args[0])
+        elif event == "os.kill":
+            if args[0] != me:
+                deny(event)
+        elif event in path_events:
+            where, dir_fd_at = path_events[event]
+            if dir_fd_at is not None and _len(args) > dir_fd_at and args[dir_fd_at] not in (None, -1, -100):
+                deny(event + " with dir_fd")
+            for i in where:
+                if _type(args[i]) is _int or (event == "sqlite3.connect" and args[i] == ":memory:"):
+                    continue
+                if not inside(absolute(args[i])):
+                    deny(event + " outside the workspace")
+
+    sys.addaudithook(hook)
+
+
+def run_program(job: dict, result_fd: int) -> None:
+    """Execute prompt + completion, then the test and `check(candidate)`; report through the audit hook.
+
+    Never returns: the process ends with os._exit. Failure details (untrusted: the program can write to
+    the pipe too) go to `result_fd` as `F <ExceptionType>: <message>`.
+    """
+    import builtins
+
+    # Bind everything used after program code has run (the program may patch builtins and modules).
+    b = {"exec": exec, "compile": compile, "dict": dict, "set": set, "list": list, "type": type, "str": str,
+         "BaseException": BaseException, "write": os.write, "exit": os._exit, "audit": sys.audit, "sys": sys,
+         "setattr": setattr, "modules": sys.modules, "baseline": set(sys.modules),
+         "pristine": dict(builtins.__dict__), "result_fd": result_fd, "after": _after_program, "fail": _fail}
+    b["audit"]("codeparrot.start")  # registers this frame as the only one allowed to report a pass
+    prompt, completion, test, entry_point = job["prompt"], job["completion"], job["test"], job.get("entry_point")
+    try:
+        program = compile(prompt + completion, "<program>", "exec")
+        test_code = compile(test, "<test>", "exec")
+    except BaseException as err:
+        _fail(b, "", err)
+    helpers = None
+    if prompt:  # the prompt alone (trusted problem text): the helpers the test may call, unpatched
+        helpers = {"__builtins__": dict(b["pristine"]), "__name__": "__sandbox__"}
+        try:
+            exec(compile(prompt, "<prompt>", "exec"), helpers)
+        except BaseException:
+            helpers = None
+    program_ns = {"__builtins__": builtins, "__name__": "__sandbox__"}
+    fail, after = b["fail"], b["after"]
+    caught = b["BaseException"]
+    try:
+        exec(program, program_ns)
+    except caught as err:
+        fail(b, "while running the program: ", err)
+    after(b, program_ns, helpers, test_code, entry_point)
+
+
+def _fail(b: dict, prefix: str, err=None) -> None:
+    """Write `F <prefix><Type>: <message>` and exit. Uses only the bound names in `b`."""
+    text = prefix
+    if err is not None:
+        try:
+            text += b["type"](err).__name__ + ": " + b["str"](err)[:400]
+        except b["BaseException"]:
+            text += "<unprintable exception>"
+    try:
+        b["write"](b["result_fd"], ("F " + text.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
+    finally:
+        b["exit"](1)
+
+
+def _after_program(b, program_ns, helpers, test_code, entry_point):
+    """Build the test's namespace, run the test and `check(candidate)`, report. Reads no global name:
+    everything comes from `b`, bound before the program ran (a test checks this on the bytecode)."""
+    _dict, _str, _type, BaseExc, modules, fail = b["dict"], b["str"], b["type"], b["BaseException"], \
+        b["modules"], b["fail"]
+    if _type(modules) is _dict:
+        for name in b["list"](modules):
+            if name not in b["baseline"]:
+                del modules[name]
+    b["setattr"](b["sys"], "modules", modules)
+    pristine = b["pristine"]
+    test_ns = {"__builtins__": _dict(pristine), "__name__": "__sandbox__"}
+    source = helpers if helpers is not None else program_ns
+    for name, value in _dict.items(source):
+        if _type(name) is _str and not _str.startswith(name, "__") and name not in pristine:
+            test_ns[name] = value
+    candidate = None
+    if entry_point:
+        if entry_point not in program_ns:
+            fail(b, "NameError: the program does not define " + entry_point)
+        test_ns[entry_point] = candidate = program_ns[entry_point]
+    try:
+        b["exec"](test_code, test_ns)
+        if entry_point:
+            check = _dict.get(test_ns, "check")
+            if check is None:
+                fail(b, "NameError: the test does not define check()")
+            check(candidate)
+    except BaseExc as err:
+        fail(b, "", err)
+    b["audit"]("codeparrot.report")
+    b["exit"](0)
+
+
+REPORTER_CODE = _after_program.__code__  # the only code allowed to raise `codeparrot.report`

@@ -1,0 +1,111 @@
+"""When a HumanEval completion ends, and where it is cut.
+
+A completion (the generated text after the prompt) ends at EOS or as soon as it contains one of the stop
+strings below: each marks the start of a new top-level statement, i.e. the function body is over. The
+completion is then cut at the FIRST stop string found IN THE COMPLETION; the prompt is never looked at
+or cut, and a completion without any stop string is kept whole. (The original CodeParrot script decoded
+prompt + completion together and cut the function signature away when no stop string appeared, and kept
+extra blocks in other cases.)
+
+`StopStringsCriteria` is the per-sequence stopping criterion for `model.generate`: each row of the batch is
+finished on its own (a finished row stays finished; `generate` pads it and stops when all rows are done).
+Only the newest few tokens of each row are decoded per step, enough to see a stop string that is split
+across several tokens, so a step costs O(batch) small decodes instead of re-decoding every completion.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import StoppingCriteria
+
+# CodeParrot's / Codex's stop strings: a new class, function, comment, decorator, print or if at column 0.
+STOP_STRINGS: tuple[str, ...] = ("\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif")
+
+# Decoding must be exact for code: never "clean up" spaces before punctuation.
+_DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+
+
+def truncate_completion(completion: str, stop_strings: Sequence[str] = STOP_STRINGS) -> str:
+    """`completion` cut right before the earliest occurrence of any stop string (the whole text if none).
+
+    `completion` must be the generated text only: a stop string inside the prompt is not a reason to cut.
+    """
+    cut = len(completion)
+    for stop in stop_strings:
+        if not stop:
+            continue
+        at = completion.find(stop, 0, cut + len(stop) - 1)  # only an earlier occurrence can win
+        if at != -1 and at < cut:
+            cut = at
+    return completion[:cut]
+
+
+def _max_stop_bytes(stop_strings: Sequence[str]) -> int:
+    return max((len(s.encode("utf-8")) for s in stop_strings), default=0)
+
+
+class StopStringsCriteria(StoppingCriteria):
+    """Per-sequence stopping for `generate`: a row is done at EOS or once its completion holds a stop string.
+
+    `prompt_len` is the (left-padded) prompt length, i.e. `input_ids.shape[1]` at the first call: every row's
+    completion is `input_ids[row, prompt_len:]` because left padding puts all prompts' ends at the same
+    column. Each call decodes, per unfinished row, only the last `window` generated tokens: a stop string of
+    b UTF-8 bytes that was completed by the newest token starts at most b tokens back (every token is at
+    least one byte), so `window = max bytes + 1` tokens always contain it. A window that starts inside a
+    multi-byte character decodes to U+FFFD there, which can neither create nor hide an ASCII stop string.
+
+    `finished_at[row]` records how many tokens the row had generated when it finished (None while running).
+    """
+
+    def __init__(self, tokenizer, prompt_len: int, stop_strings: Sequence[str] = STOP_STRINGS,
+                 eos_token_id: int | None = None, window: int | None = None):
+        self.tokenizer = tokenizer
+        self.prompt_len = int(prompt_len)
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        self.window = window if window is not None else _max_stop_bytes(self.stop_strings) + 1
+        self.finished_at: list[int | None] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None,
+                 **kwargs) -> torch.BoolTensor:
+        batch, length = input_ids.shape  # (batch, prompt_len + generated so far)
+        generated = length - self.prompt_len
+        if len(self.finished_at) != batch:
+            self.finished_at = [None] * batch
+        if generated <= 0:
+            return torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+        start = max(self.prompt_len, length - self.window)
+        tails = input_ids[:, start:].tolist()  # (batch, <= window): one device->host copy per step
+        for row, tail in enumerate(tails):
+            if self.finished_at[row] is not None:
+                continue  # finished rows stay finished, whatever padding follows
+            if self.eos_token_id is not None and tail[-1] == self.eos_token_id:
+                self.finished_at[row] = generated
+                continue
+            if self.stop_strings:
+                text = self.tokenizer.decode(tail, **_DECODE)
+                if any(stop in text for stop in self.stop_strings):
+                    self.finished_at[row] = generated
+        done = [f is not None for f in self.finished_at]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def finished_completion(tokenizer, generated_ids: Sequence[int], stop_strings: Sequence[str] = STOP_STRINGS,
+                        eos_token_id: int | None = None) -> tuple[str, str]:
+    """Decode one row of generated ids (padding after its end included) into (completion, finish reason).
+
+    The row is cut at the first EOS, decoded exactly, and truncated at the first stop string. The reason
+    is "stop" (a stop string cut it), "eos", or "length" (ran out of new tokens).
+    """
+    eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+    ids = list(generated_ids)
+    ended_by_eos = eos is not None and eos in ids
+    if ended_by_eos:
+        ids = ids[:ids.index(eos)]
+    text = tokenizer.decode(ids, **_DECODE)
+    cut = truncate_completion(text, stop_strings)
+    if len(cut) < len(text):
+        return cut, "stop"
+    return cut, "eos" if ended_by_eos else "length"

@@ -1,0 +1,267 @@
+"""GPT-2-style byte-level BPE tokenizer, trained from scratch on code.
+
+The recipe matches GPT-2's tokenizer (and CodeParrot's retrained one) except for the merges, which are
+learned on the training corpus:
+- pre-tokenization: GPT-2's regex split, every byte mapped to one of 256 printable symbols
+  (`ByteLevel(add_prefix_space=False)`), so any text - tabs, CRLF, emoji, invalid-looking Unicode - is
+  representable without an unknown token;
+- the initial alphabet is all 256 byte symbols, seen in the corpus or not;
+- decoding maps the symbols back to bytes (`ByteLevel` decoder): `decode(encode(text)) == text` exactly;
+- `<|endoftext|>` is the only special token and serves as BOS, EOS, UNK (never produced: every byte has
+  a symbol) and PAD (for batched generation). No BOS/EOS is added by `encode`: the training dataset joins
+  files with EOS itself.
+
+The result is saved as `tokenizer.json` + `tokenizer_config.json`, which `AutoTokenizer.from_pretrained`
+loads offline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from codeparrot.errors import CodeParrotError
+
+EOS_TOKEN = "<|endoftext|>"
+# Written next to the tokenizer files by `save_tokenizer` (bytes/token, training time, corpus size).
+STATS_FILE = "tokenizer_stats.json"
+
+
+def _byte_level_bpe():
+    """An untrained `tokenizers.Tokenizer` with GPT-2's byte-level pipeline around an empty BPE model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE())
+    # use_regex=True is GPT-2's split pattern ('s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+);
+    # no prefix space: a file's first token must not depend on a space that is not there.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def wrap_tokenizer(tok):
+    """Wrap a trained `tokenizers.Tokenizer` as the `transformers` fast tokenizer the project uses."""
+    from transformers import PreTrainedTokenizerFast
+
+    if tok.token_to_id(EOS_TOKEN) is None:
+        raise CodeParrotError(f"tokenizer has no {EOS_TOKEN} token")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        # The cleanup pass would turn "a ." into "a." and break exact decoding.
+        clean_up_tokenization_spaces=False,
+    )
+
+
+class _CountingIterator:
+    """Yields the texts (at most `limit`) and counts the UTF-8 bytes it handed out, for MB/s."""
+
+    def __init__(self, texts: Iterable[str], limit: int | None):
+        self.texts, self.limit = texts, limit
+        self.n_texts = 0
+        self.n_bytes = 0
+
+    def __iter__(self) -> Iterator[str]:
+        import itertools
+
+        # islice stops before pulling item limit+1, so a shared iterator can go on to a held-out split.
+        for text in itertools.islice(self.texts, self.limit):
+            if not isinstance(text, str):
+                raise CodeParrotError(f"tokenizer training expects strings, got {type(text).__name__} "
+                                      f"at example {self.n_texts + 1}")
+            self.n_texts += 1
+            self.n_bytes += len(text.encode("utf-8", "surrogatepass"))
+            yield text
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 32768, length: int | None = None,
+                    show_progress: bool = True):
+    """Train a byte-level BPE with `vocab_size` entries (256 bytes + EOS + merges) on `texts`.
+
+    `length` (the number of texts, when known) both limits how many are read and sizes the progress bar.
+    Returns a `transformers.PreTrainedTokenizerFast`; `tokenizer.train_stats` holds the corpus size and time.
+    """
+    from tokenizers import pre_tokenizers, trainers
+
+    min_vocab = 256 + 1
+    if vocab_size < min_vocab:
+        raise CodeParrotError(f"vocab_size must be at least {min_vocab} (256 bytes + {EOS_TOKEN}), got {vocab_size}")
+    tok = _byte_level_bpe()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],  # id 0
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 byte symbols
+        show_progress=show_progress,
+    )
+    counted = _CountingIterator(texts, length)
+    start = time.perf_counter()
+    tok.train_from_iterator(counted, trainer=trainer, length=length)
+    seconds = time.perf_counter() - start
+    if counted.n_texts == 0:
+        raise CodeParrotError("no texts to train the tokenizer on")
+    tokenizer = wrap_tokenizer(tok)
+    tokenizer.train_stats = {
+        "vocab_size": len(tokenizer),
+        "train_examples": counted.n_texts,
+        "train_bytes": counted.n_bytes,
+        "train_seconds": round(seconds, 3),
+        "train_mb_per_s": round(counted.n_bytes / 1e6 / max(seconds, 1e-9), 3),
+    }
+    return tokenizer
+
+
+def bytes_per_token(tokenizer, texts: Iterable[str], batch_size: int = 256) -> float:
+    """UTF-8 bytes of `texts` per token (no special tokens added); higher means better compression."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)  # a transformers wrapper or a raw Tokenizer
+    n_bytes = n_tokens = 0
+    batch: list[str] = []
+
+    def flush() -> None:
+        nonlocal n_tokens
+        for enc in backend.encode_batch(batch, add_special_tokens=False):
+            n_tokens += len(enc.ids)
+        batch.clear()
+
+    for text in texts:
+        n_bytes += len(text.encode("utf-8", "surrogatepass"))
+        batch.append(text)
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    if n_tokens == 0:
+        raise CodeParrotError("bytes_per_token: no tokens (empty texts)")
+    return n_bytes / n_tokens
+
+
+def save_tokenizer(tokenizer, output_dir: str | os.PathLike, stats: dict | None = None) -> Path:
+    """Save atomically into `output_dir` (tokenizer files + `tokenizer_stats.json`); returns the folder."""
+    from codeparrot.atomic_io import atomic_dir, atomic_write_json
+
+    output_dir = Path(output_dir)
+    with atomic_dir(output_dir) as tmp:
+        tokenizer.save_pretrained(str(tmp))
+        if stats is not None:
+            atomic_write_json(tmp / STATS_FILE, stats)
+    return output_dir
+
+
+def load_tokenizer(path: str, revision: str | None = None):
+    """Load a tokenizer from a folder, a local checkpoint repository or a Hub id (at `revision`).
+
+    A missing folder, or one without `tokenizer.json`/`tokenizer_config.json`, is a `CodeParrotError`
+    naming the path; so is a tokenizer without the `<|endoftext|>` token the project relies on.
+    """
+    from codeparrot.repository import resolve_model_dir
+
+    folder = resolve_model_dir(str(path), revision)
+    if not folder.is_dir():
+        raise CodeParrotError(f"tokenizer folder not found: {folder}")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        raise CodeParrotError(f"{folder} is not a tokenizer folder (no tokenizer.json or tokenizer_config.json)")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # broken JSON, unknown class, missing vocab: one line naming the folder
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CodeParrotError(f"cannot load the tokenizer in {folder}: {first}") from None
+    if tokenizer.eos_token_id is None or tokenizer.convert_tokens_to_ids(EOS_TOKEN) != tokenizer.eos_token_id:
+        raise CodeParrotError(f"tokenizer in {folder} does not use {EOS_TOKEN} as its EOS token")
+    return tokenizer
+
+
+# --- Reading the training corpus: the data pipeline's gzip JSONL shards -----------------------------------
+
+_JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+def dataset_files(spec: str | os.PathLike | list) -> list[Path]:
+    """The JSON(L)(.gz) files named by `spec`: a folder (searched recursively), a glob, a file, or a list.
+
+    Sorted, so the training stream is deterministic. No match is a one-line error naming `spec`.
+    """
+    import glob
+
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    files: list[Path] = []
+    for item in specs:
+        item = str(item)
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_JSON_SUFFIXES))
+            if not found:
+                raise CodeParrotError(f"no .json/.jsonl(.gz) files under {path}")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        elif glob.has_magic(item):
+            found = sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file())
+            if not found:
+                raise CodeParrotError(f"no files match {item}")
+            files.extend(found)
+        else:
+            raise CodeParrotError(f"dataset not found: {item}")
+    return files
+
+
+def iter_texts(files: list[Path], text_column: str = "content", skipped: dict | None = None) -> Iterator[str]:
+    """Stream the `text_column` string of every JSON line in `files` (gzip or plain), in order.
+
+    Lines that are not JSON objects with a string `text_column` (or a truncated gzip tail) are skipped and
+    counted in `skipped` (reason -> count) instead of aborting a long run; the caller reports them.
+    """
+    import gzip
+    import json
+    import zlib
+
+    skipped = skipped if skipped is not None else {}
+    for path in files:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        try:
+            with opener(path, "rt", encoding="utf-8", errors="surrogateescape") as f:
+                for line in f:
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        skipped["malformed JSON"] = skipped.get("malformed JSON", 0) + 1
+                        continue
+                    text = record.get(text_column) if isinstance(record, dict) else None
+                    if not isinstance(text, str):
+                        key = f"no string {text_column!r}"
+                        skipped[key] = skipped.get(key, 0) + 1
+                        continue
+                    yield text
+        except (FileNotFoundError, PermissionError) as err:
+            raise CodeParrotError(f"cannot read {path}: {err.strerror}") from None
+        except (EOFError, OSError, zlib.error) as err:  # truncated or corrupt gzip: keep what was read
+            key = f"unreadable file ({type(err).__name__})"
+            skipped[key] = skipped.get(key, 0) + 1
+
+
+def valid_files_for(spec: str) -> list[Path] | None:
+    """The validation shards that go with a training `spec`: `X/valid` for `X/train` or for `X` itself."""
+    path = Path(str(spec))
+    if path.is_dir():
+        for candidate in (path.parent / "valid", path / "valid") if path.name == "train" else (path / "valid",):
+            if candidate.is_dir():
+                try:
+                    return dataset_files(candidate)
+                except CodeParrotError:
+                    return None
+    return None
+
+
+def train_files_for(spec: str) -> list[Path]:
+    """The training shards of `spec`: `X/train` when `spec` is a preprocess output root with train/valid."""
+    path = Path(str(spec))
+    if path.is_dir() and (path / "train").is_dir() and path.name != "train":
+        return dataset_files(path / "train")
+    return dataset_files(spec)

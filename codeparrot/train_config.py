@@ -1,0 +1,232 @@
+"""The training run's typed config: one dataclass per section, a doc per field, and the token budget arithmetic.
+
+Loaded with `codeparrot.config.load_config(TrainConfig, yaml_path, cli_overrides)` (CLI > file > defaults).
+`validate()` runs on load, so a config that cannot work fails as one line before any compute starts.
+
+The token budget of one optimizer step:
+
+    sequences/step = micro_batch_size × gradient_accumulation_steps × processes   (= global_batch_size)
+    tokens/step    = sequences/step × data.seq_length
+    tokens (run)   = tokens/step × max_steps
+
+`global_batch_size` is the recipe's invariant: when it is set, the accumulation is derived from the number of
+processes actually launched (`accumulation_steps(world_size)`), so the same config gives the same optimization
+on 16 GPUs or on 8 (with twice the accumulation); a count that does not divide is an error, never a rounded batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from codeparrot.config import doc
+from codeparrot.errors import CodeParrotError
+
+TRACKERS = ("tensorboard", "wandb")
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from and how they are cut into training sequences."""
+
+    train: str = doc("", "Training data: a pretokenized folder (scripts/pretokenize.py, the fast path), clean "
+                         "JSON/JSONL(.gz) shards (a file, folder or glob), or a Hub dataset id.")
+    valid: str = doc("", "Validation data in the same forms as `train`; empty = no evaluation.")
+    tokenizer: Optional[str] = doc(None, "Tokenizer folder or repository; default: the tokenizer stored with the model.")
+    seq_length: int = doc(1024, "Tokens per training sequence (at most the model's context, n_positions).")
+    text_column: str = doc("content", "Record field holding the source text (text data only).")
+    chars_per_token: float = doc(3.6, "Characters per token used to size the tokenization buffer (text data only).")
+    num_of_sequences: int = doc(1024, "Sequences per tokenization buffer: buffer = seq_length × chars_per_token × "
+                                      "num_of_sequences characters (text data only).")
+    shuffle_buffer: int = doc(1000, "File-level shuffle buffer (files); 0 = stream order (text data only).")
+    sequence_shuffle_buffer: int = doc(1024, "Sequence-level shuffle buffer (sequences); 0 = no shuffling.")
+    num_workers: int = doc(1, "DataLoader worker processes per training process (0 = load in the training process).")
+
+
+@dataclass
+class BatchConfig:
+    """How many sequences one optimizer step sees (the token budget; see the module docstring)."""
+
+    micro_batch_size: int = doc(8, "Sequences per process per forward/backward pass.")
+    gradient_accumulation_steps: Optional[int] = doc(None, "Micro-batches per optimizer step; null = derived from "
+                                                           "global_batch_size and the number of processes launched.")
+    global_batch_size: Optional[int] = doc(None, "Sequences per optimizer step over all processes; null = "
+                                                 "micro_batch_size × gradient_accumulation_steps × processes.")
+    num_processes: int = doc(1, "Processes (GPUs) the budget is written for; checked here. At launch the real "
+                                "number is used and the accumulation re-derived when global_batch_size is set.")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW; weight decay on every weight except biases and LayerNorm weights."""
+
+    lr: float = doc(5e-4, "Peak learning rate, reached at the end of warmup.")
+    weight_decay: float = doc(0.1, "Decoupled weight decay on matmul/embedding weights (not biases, not LayerNorm).")
+    betas: list[float] = doc([0.9, 0.999], "AdamW (beta1, beta2).")
+    eps: float = doc(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this before each optimizer step; 0 = no clipping.")
+    fused: Optional[bool] = doc(None, "Fused AdamW kernel; null = on where supported (CUDA), off elsewhere.")
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning rate: linear warmup from lr/warmup_steps to lr, then decay to min_lr_ratio × lr at max_steps."""
+
+    name: Literal["cosine", "linear", "constant"] = doc("cosine", "Decay after warmup.")
+    warmup_steps: int = doc(2000, "Optimizer steps of linear warmup.")
+    min_lr_ratio: float = doc(0.0, "Final learning rate as a fraction of lr.")
+
+
+@dataclass
+class EvalConfig:
+    """Validation loss and perplexity every `eval_steps` and at the end of the run."""
+
+    eval_steps: int = doc(5000, "Evaluate every this many optimizer steps (and always at the end); 0 = only at the end.")
+    max_eval_steps: int = doc(-1, "Validation batches per process per evaluation; -1 = the whole validation split.")
+    micro_batch_size: Optional[int] = doc(None, "Sequences per process per validation batch; null = the training one.")
+
+
+@dataclass
+class CheckpointConfig:
+    """`step-N/` folders under <run dir>/checkpoints, and pushes to the model repository's run branch."""
+
+    save_steps: int = doc(5000, "Save a checkpoint every this many optimizer steps (and always at the end); 0 = only at the end.")
+    keep_last: int = doc(3, "Keep this many most recent step-N folders locally; older ones are deleted.")
+    push: bool = doc(True, "Push each checkpoint's weights, config and tokenizer to branch `run_name` of the model "
+                           "repository (in the background; a failed push never stops training).")
+    push_training_state: bool = doc(False, "Also push optimizer/scheduler/RNG/data state (large: ~2× the weights).")
+
+
+@dataclass
+class LoggingConfig:
+    """Console line, progress bar, trackers and metrics.jsonl."""
+
+    log_steps: int = doc(10, "Print/log training metrics every this many optimizer steps.")
+    trackers: list[str] = doc(["tensorboard", "wandb"], "Accelerate trackers: any of tensorboard, wandb (W&B runs "
+                                                        "offline when WANDB_API_KEY is not set).")
+    project: str = doc("codeparrot", "Tracker project name.")
+    progress_bar: bool = doc(True, "Show a tqdm progress bar on the main process.")
+
+
+@dataclass
+class TrainConfig:
+    """One training run: `accelerate launch scripts/train.py --config configs/train/NAME.yaml [--key value ...]`."""
+
+    model: str = doc("", "Model repository (local git repository path or Hub id) whose `revision` holds the "
+                         "initial model (scripts/initialize_model.py).")
+    revision: str = doc("main", "Revision (branch, tag or commit) of `model` to start from.")
+    run_name: str = doc("run", "Name of the run: its branch in the model repository (and its folder by default).")
+    output_dir: Optional[str] = doc(None, "The run's folder (checkpoints/, final/, metrics.jsonl, tensorboard/, "
+                                          "wandb/); null = runs/<run_name>.")
+    seed: int = doc(1, "Seed for data order, dropout and everything else random.")
+    max_steps: int = doc(150_000, "Optimizer steps of the run (the learning-rate schedule spans them).")
+    max_minutes: Optional[float] = doc(None, "Stop earlier, after this many minutes of training (checked at each "
+                                             "log step; the final evaluation, checkpoint and push still happen).")
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = doc(
+        None, "Mixed precision; null = from the Accelerate config / launcher (accelerate_config.yaml: bf16).")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = doc(
+        "sdpa", "Attention kernel (sdpa: PyTorch's fused scaled-dot-product attention).")
+    gradient_checkpointing: bool = doc(False, "Recompute activations in the backward pass (less memory, ~30% slower).")
+    compile: bool = doc(False, "torch.compile the model (inductor).")
+    data: DataConfig = doc(DataConfig, "Data.")
+    batch: BatchConfig = doc(BatchConfig, "Batch size and the token budget.")
+    optim: OptimConfig = doc(OptimConfig, "Optimizer.")
+    schedule: ScheduleConfig = doc(ScheduleConfig, "Learning-rate schedule.")
+    eval: EvalConfig = doc(EvalConfig, "Evaluation.")
+    checkpoint: CheckpointConfig = doc(CheckpointConfig, "Checkpoints.")
+    logging: LoggingConfig = doc(LoggingConfig, "Logging.")
+
+    # ---- checks that need nothing but the config (model/data checks happen in train() before compute) ----
+    def validate(self) -> None:
+        def positive(name: str, value: float, allow_zero: bool = False) -> None:
+            if value < 0 or (value == 0 and not allow_zero):
+                raise CodeParrotError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+        b, o, s = self.batch, self.optim, self.schedule
+        positive("max_steps", self.max_steps)
+        if self.max_minutes is not None:
+            positive("max_minutes", self.max_minutes)
+        positive("data.seq_length", self.data.seq_length)
+        positive("data.chars_per_token", self.data.chars_per_token)
+        positive("data.num_of_sequences", self.data.num_of_sequences)
+        positive("data.shuffle_buffer", self.data.shuffle_buffer, allow_zero=True)
+        positive("data.sequence_shuffle_buffer", self.data.sequence_shuffle_buffer, allow_zero=True)
+        positive("data.num_workers", self.data.num_workers, allow_zero=True)
+        positive("batch.micro_batch_size", b.micro_batch_size)
+        positive("batch.num_processes", b.num_processes)
+        if b.gradient_accumulation_steps is not None:
+            positive("batch.gradient_accumulation_steps", b.gradient_accumulation_steps)
+        if b.global_batch_size is not None:
+            positive("batch.global_batch_size", b.global_batch_size)
+        self.accumulation_steps(b.num_processes)  # the budget must divide for the processes it is written for
+        positive("optim.lr", o.lr)
+        positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+        positive("optim.eps", o.eps)
+        positive("optim.max_grad_norm", o.max_grad_norm, allow_zero=True)
+        if len(o.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in o.betas):
+            raise CodeParrotError(f"optim.betas must be two numbers in [0, 1), got {o.betas!r}")
+        positive("schedule.warmup_steps", s.warmup_steps, allow_zero=True)
+        if s.warmup_steps > self.max_steps:
+            raise CodeParrotError(f"schedule.warmup_steps ({s.warmup_steps}) is larger than max_steps ({self.max_steps})")
+        if not 0.0 <= s.min_lr_ratio <= 1.0:
+            raise CodeParrotError(f"schedule.min_lr_ratio must be in [0, 1], got {s.min_lr_ratio!r}")
+        positive("eval.eval_steps", self.eval.eval_steps, allow_zero=True)
+        if self.eval.max_eval_steps == 0 or self.eval.max_eval_steps < -1:
+            raise CodeParrotError(f"eval.max_eval_steps must be -1 (whole split) or > 0, got {self.eval.max_eval_steps}")
+        if self.eval.micro_batch_size is not None:
+            positive("eval.micro_batch_size", self.eval.micro_batch_size)
+        positive("checkpoint.save_steps", self.checkpoint.save_steps, allow_zero=True)
+        positive("checkpoint.keep_last", self.checkpoint.keep_last)
+        positive("logging.log_steps", self.logging.log_steps)
+        unknown = [t for t in self.logging.trackers if t not in TRACKERS]
+        if unknown:
+            raise CodeParrotError(f"logging.trackers: unknown tracker {unknown[0]!r} (known: {', '.join(TRACKERS)})")
+        if not self.run_name or any(c in self.run_name for c in " /\\:~^?*[") or self.run_name.startswith(("-", ".")):
+            raise CodeParrotError(f"run_name {self.run_name!r} must be a non-empty folder/branch name without "
+                                  "spaces or any of / \\ : ~ ^ ? * [")
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path("runs") / self.run_name
+
+    # ---- the token budget ----
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on `world_size` processes; `CodeParrotError` if the budget does not divide."""
+        b = self.batch
+        per_pass = b.micro_batch_size * world_size  # sequences in one micro-step over all processes
+        if b.global_batch_size is None:
+            return b.gradient_accumulation_steps or 1
+        if b.global_batch_size % per_pass:
+            raise CodeParrotError(
+                f"batch.global_batch_size {b.global_batch_size} does not divide into micro_batch_size "
+                f"{b.micro_batch_size} × {world_size} processes = {per_pass} sequences per micro-step "
+                f"(remainder {b.global_batch_size % per_pass})")
+        derived = b.global_batch_size // per_pass
+        if b.gradient_accumulation_steps is not None and b.gradient_accumulation_steps != derived:
+            raise CodeParrotError(
+                f"batch.global_batch_size {b.global_batch_size} != micro_batch_size {b.micro_batch_size} × "
+                f"gradient_accumulation_steps {b.gradient_accumulation_steps} × {world_size} processes = "
+                f"{b.micro_batch_size * b.gradient_accumulation_steps * world_size}; set one of them to null "
+                f"(with {world_size} processes the accumulation would be {derived})")
+        return derived
+
+    def sequences_per_step(self, world_size: int) -> int:
+        return self.batch.micro_batch_size * self.accumulation_steps(world_size) * world_size
+
+    def tokens_per_step(self, world_size: int) -> int:
+        return self.sequences_per_step(world_size) * self.data.seq_length
+
+    def budget_summary(self, world_size: int) -> str:
+        """One line of arithmetic, e.g. '192 seq/step = 12 × 1 accum × 16 proc; 196,608 tok/step; 29.49B tokens'."""
+        accum = self.accumulation_steps(world_size)
+        total = self.tokens_per_step(world_size) * self.max_steps
+        return (f"{self.sequences_per_step(world_size)} sequences/step = {self.batch.micro_batch_size}/process × "
+                f"{accum} accumulation × {world_size} processes; {self.tokens_per_step(world_size):,} tokens/step × "
+                f"{self.max_steps:,} steps = {_human(total)} tokens")
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"

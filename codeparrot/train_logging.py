@@ -1,0 +1,130 @@
+"""What the training loop reports: a fixed-format console line, metrics.jsonl, and Accelerate's trackers.
+
+Trackers (TensorBoard, W&B) are optional comforts: one that fails to start is a warning, never a dead run.
+W&B runs offline (files under the run folder, `wandb sync` later) unless a `WANDB_API_KEY` is set. Nothing
+secret reaches a tracker or a file: configs are redacted (keys that name a token/secret/password, values
+that look like Hugging Face or W&B tokens, credentials inside URLs) before they are logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from codeparrot.atomic_io import atomic_write_text
+
+_SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.IGNORECASE)
+# Hugging Face user/org tokens (hf_..., api_org_...); 40-hex W&B keys are not matched by value because a git
+# commit id (a valid `revision`) has the same shape: they are caught by their key name instead.
+_SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|api_org_[A-Za-z0-9]{20,})\b")
+_URL_CREDENTIALS = re.compile(r"(://)[^/@\s]+@")
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """A copy of a (nested) config with every secret-looking key or value replaced by '***'."""
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v, key) for v in value]
+    if key and _SECRET_KEY.search(key) and value not in (None, "", False):
+        return "***"
+    if isinstance(value, str):
+        return _SECRET_VALUE.sub("***", _URL_CREDENTIALS.sub(r"\1***@", value))
+    return value
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{'optim': {'lr': 1}} -> {'optim.lr': 1}, lists as strings: what TensorBoard's hparams accept."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        elif value is None or isinstance(value, (list, tuple)):
+            out[name] = str(value)
+        else:
+            out[name] = value
+    return out
+
+
+def configure_wandb_env() -> None:
+    """W&B offline unless the user has a key (or chose a mode); never an interactive login prompt."""
+    if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+        os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def start_trackers(accelerator, names: list[str], project: str, config: dict, run_dir: Path, run_name: str) -> list[str]:
+    """Start each tracker on its own so that one failing (missing package, no network) only warns.
+
+    Returns the names that started. `config` must already be redacted."""
+    started = []
+    init_kwargs = {"wandb": {"dir": str(run_dir), "name": run_name, "resume": "allow"}}
+    requested = list(names)
+    for name in requested:
+        before = len(accelerator.trackers)
+        accelerator.log_with = [name]  # init_trackers starts everything in log_with; one at a time here
+        try:
+            accelerator.init_trackers(project, config=flatten(config), init_kwargs=init_kwargs)
+            started.append(name)
+        except Exception as err:  # any tracker failure must not stop training
+            del accelerator.trackers[before:]
+            warnings.warn(f"tracker {name} could not start ({type(err).__name__}: {err}); training continues without it")
+    accelerator.log_with = started
+    return started
+
+
+class MetricsFile:
+    """`metrics.jsonl` in the run folder: one JSON object per logged dict (main process only writes)."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop entries the killed run logged after the checkpoint, so each step appears once."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except ValueError:
+                continue  # a line cut by the kill
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def append(self, entry: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def memory_gib(device: torch.device) -> float:
+    """Peak GPU memory allocated by tensors, or the process's resident memory on CPU, in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**30
+    except ImportError:  # pragma: no cover - psutil comes with accelerate
+        return float("nan")
+
+
+def console_line(m: dict[str, Any], max_steps: int) -> str:
+    """The fixed-format training line, e.g.
+    `step    100/1000 | loss 3.4512 | lr 4.99e-04 | grad-norm 0.812 | 245.3 ms/step | 8,351 tok/s | MFU 31.2% | mem 1.23 GiB`"""
+    width = len(str(max_steps))
+    mfu = "   n/a" if m.get("mfu") is None else f"{100 * m['mfu']:5.1f}%"
+    grad = "n/a" if m.get("grad_norm") is None else f"{m['grad_norm']:.3f}"
+    return (f"step {m['step']:>{width}}/{max_steps} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | grad-norm {grad} | "
+            f"{m['ms_per_step']:7.1f} ms/step | {m['tokens_per_s']:>9,.0f} tok/s | MFU {mfu} | "
+            f"mem {m['memory_gib']:.2f} GiB")

@@ -1,0 +1,172 @@
+"""Tokenizer: exact round trips, GPT-2 byte-level properties, compression on real code, save/load, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+
+import pytest
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.tokenizer import (
+    EOS_TOKEN, STATS_FILE, bytes_per_token, load_tokenizer, save_tokenizer, train_tokenizer,
+)
+
+VOCAB = 4096
+
+
+@pytest.fixture(scope="module")
+def split(stdlib_texts):
+    """Three quarters of the stdlib files to train on, the rest held out (never seen by the trainer)."""
+    n = len(stdlib_texts) * 3 // 4
+    return stdlib_texts[:n], stdlib_texts[n:]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(split):
+    return train_tokenizer(split[0], vocab_size=VOCAB, show_progress=False)
+
+
+ROUND_TRIP_CASES = {
+    "empty": "",
+    "tabs": "def f():\n\tif x:\n\t\treturn 1\n",
+    "trailing spaces": "x = 1   \ny = 2 \n\n   \n",
+    "crlf": "import os\r\nprint(os.sep)\r\n\r\n",
+    "lone cr": "a\rb\r",
+    "non-ascii": "naïve = 'café'  # Größe, 東京, Ελληνικά, русский\n",
+    "emoji": "msg = '🦜🐍 ok 👍🏽'  # zero-width joiner: 👩‍💻\n",
+    "leading space": "  indented = True",
+    "only whitespace": " \t \r\n \u00a0 \u3000",
+    "eos inside text": f"a = 1\n{EOS_TOKEN}\nb = 2",
+    "control chars": "\x00\x01\x1b[31mred\x1b[0m\x7f",
+    "combining marks": "e\u0301 vs \u00e9; ﬁ ligature; \ufeffbom",
+    "long run": "#" * 3000 + "\n" + " " * 500 + "x",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_TRIP_CASES))
+def test_decode_inverts_encode_exactly(tokenizer, name):
+    text = ROUND_TRIP_CASES[name]
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert all(0 <= i < len(tokenizer) for i in ids)
+
+
+def test_round_trip_on_real_stdlib_files(tokenizer, stdlib_texts):
+    encoded = tokenizer(stdlib_texts)["input_ids"]
+    bad = [i for i, (ids, text) in enumerate(zip(encoded, stdlib_texts)) if tokenizer.decode(ids) != text]
+    assert not bad, f"{len(bad)} of {len(stdlib_texts)} files do not round-trip, first index {bad[0]}"
+
+
+def test_gpt2_byte_level_properties(tokenizer):
+    from tokenizers import pre_tokenizers
+
+    assert len(tokenizer) == VOCAB
+    # <|endoftext|> is the one special token and plays every role; encode adds nothing around the text.
+    assert tokenizer.all_special_tokens == [EOS_TOKEN]
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    assert tokenizer.bos_token_id == tokenizer.eos_token_id == tokenizer.unk_token_id == tokenizer.pad_token_id == eos
+    assert EOS_TOKEN not in tokenizer.convert_ids_to_tokens(tokenizer.encode("x = 1"))
+    assert tokenizer.encode(EOS_TOKEN) == [eos]
+    # The full 256-symbol byte alphabet, even for bytes the corpus never contained.
+    vocab = tokenizer.get_vocab()
+    assert all(symbol in vocab for symbol in pre_tokenizers.ByteLevel.alphabet())
+    # No prefix space: a file's first word encodes differently from the same word after a space.
+    assert tokenizer.encode("def")[0] != tokenizer.encode(" def")[0]
+    # GPT-2's pre-tokenization: merges never cross the regex's word boundaries ("x" and "=" stay apart).
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode("x=y"))
+    assert "x=" not in tokens and "=y" not in tokens
+
+
+def test_bytes_per_token_on_held_out_code(tokenizer, split):
+    held_out = bytes_per_token(tokenizer, split[1])
+    seen = bytes_per_token(tokenizer, split[0])
+    assert held_out > 3.2, held_out  # a 4k vocabulary from 100 files; a 32k one on the stdlib gives about 3.7
+    assert seen > held_out  # the merges fit the training files best
+    # The definition: UTF-8 bytes over tokens, no special tokens added.
+    text = split[1][0]
+    assert bytes_per_token(tokenizer, [text]) == pytest.approx(len(text.encode()) / len(tokenizer.encode(text)))
+
+
+def test_training_is_deterministic(split):
+    a = train_tokenizer(split[0][:20], vocab_size=600, show_progress=False)
+    b = train_tokenizer(split[0][:20], vocab_size=600, show_progress=False)
+    assert a.get_vocab() == b.get_vocab()
+    assert a.train_stats["train_examples"] == 20
+    assert a.train_stats["train_bytes"] == sum(len(t.encode()) for t in split[0][:20])
+
+
+def test_training_bad_input():
+    with pytest.raises(CodeParrotError, match="at least 257"):
+        train_tokenizer(["x = 1"], vocab_size=100)
+    with pytest.raises(CodeParrotError, match="no texts"):
+        train_tokenizer([], vocab_size=300, show_progress=False)
+    with pytest.raises(CodeParrotError, match="expects strings"):
+        train_tokenizer(["ok", 3], vocab_size=300, show_progress=False)
+
+
+def test_saved_tokenizer_loads_offline_with_autotokenizer(tokenizer, tmp_path, stdlib_texts):
+    from transformers import AutoTokenizer
+
+    save_tokenizer(tokenizer, tmp_path / "tok", stats={"valid_bytes_per_token": 3.5})
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    ours = load_tokenizer(str(tmp_path / "tok"))
+    for tok in (loaded, ours):
+        assert tok.encode(stdlib_texts[0]) == tokenizer.encode(stdlib_texts[0])
+        assert tok.decode(tok.encode(ROUND_TRIP_CASES["crlf"])) == ROUND_TRIP_CASES["crlf"]
+        assert tok.eos_token == EOS_TOKEN and tok.pad_token_id == tok.eos_token_id
+    assert json.loads((tmp_path / "tok" / STATS_FILE).read_text())["valid_bytes_per_token"] == 3.5
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(CodeParrotError, match="not found"):
+        load_tokenizer(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CodeParrotError, match="not a tokenizer folder"):
+        load_tokenizer(str(tmp_path / "empty"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{not json")
+    (broken / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(CodeParrotError, match="cannot load the tokenizer"):
+        load_tokenizer(str(broken))
+
+
+def _write_shards(folder, texts, per_file=20):
+    folder.mkdir(parents=True)
+    for k in range(0, len(texts), per_file):
+        with gzip.open(folder / f"file-{k // per_file + 1:012d}.json.gz", "wt", encoding="utf-8") as f:
+            for text in texts[k:k + per_file]:
+                f.write(json.dumps({"repo_name": "r", "path": "p.py", "content": text}) + "\n")
+
+
+def test_cli_trains_on_preprocess_shards_and_commits(tmp_path, stdlib_texts, python, scripts_env, repo_root):
+    _write_shards(tmp_path / "clean" / "train", stdlib_texts[:40])
+    _write_shards(tmp_path / "clean" / "valid", stdlib_texts[40:50])
+    with gzip.open(tmp_path / "clean" / "train" / "file-000000000009.json.gz", "at") as f:
+        f.write("{broken json\n")  # counted and skipped, not fatal
+    out, repo = tmp_path / "tok", tmp_path / "repo"
+    proc = subprocess.run(
+        [python, str(repo_root / "scripts" / "train_tokenizer.py"), "--dataset", str(tmp_path / "clean"),
+         "--output-dir", str(out), "--vocab-size", "700", "--n-examples", "30", "--repo", str(repo), "--quiet"],
+        capture_output=True, text=True, env=scripts_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((out / STATS_FILE).read_text())
+    assert stats["train_examples"] == 30 and stats["vocab_size"] == 700
+    assert stats["valid_examples"] == 10 and stats["valid_source"].startswith("valid split")
+    tok = load_tokenizer(str(out))
+    assert stats["valid_bytes_per_token"] == pytest.approx(bytes_per_token(tok, stdlib_texts[40:50]), abs=1e-3)
+    assert f"{stats['valid_bytes_per_token']:.3f}" in proc.stdout
+    # The tokenizer was committed to the repository's main branch and loads from there.
+    from_repo = load_tokenizer(str(repo), revision="main")
+    assert from_repo.get_vocab() == tok.get_vocab()
+
+
+def test_cli_missing_dataset_is_one_line_error(tmp_path, python, scripts_env, repo_root):
+    proc = subprocess.run(
+        [python, str(repo_root / "scripts" / "train_tokenizer.py"), "--dataset", str(tmp_path / "nope"),
+         "--output-dir", str(tmp_path / "tok")], capture_output=True, text=True, env=scripts_env, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0 and "nope" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "tok").exists()
