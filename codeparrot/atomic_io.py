@@ -18,6 +18,13 @@ from typing import Any, Iterator
 from codeparrot.errors import CodeParrotError
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it; there is no getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def ensure_writable_dir(path: str | os.PathLike) -> Path:
     """Create `path` (and parents) and check we can write there; one-line error otherwise."""
     path = Path(path)
@@ -36,6 +43,7 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     final = Path(final)
     ensure_writable_dir(final.parent if str(final.parent) else Path("."))
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like any new folder
     try:
         yield tmp
     except BaseException:
@@ -56,6 +64,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any new file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -252,7 +252,7 @@ def run(options: argparse.Namespace) -> int:
                     "sample_index": 0} for p in problems]
         source = {"canonical": True}
     else:
-        from codeparrot.humaneval_run import generate_distributed
+        from codeparrot.humaneval_generation import generate_distributed
 
         out = generate_distributed(options, problems, samples_path(options))
         if out is None:  # not the main process: its share is written, nothing else to do

@@ -180,3 +180,96 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
         if on_progress is not None:
             on_progress(len(records), sum(r["num_tokens"] for r in records))
     return {"samples": made, "tokens": tokens, "seconds": time.perf_counter() - start}
+
+
+# --------------------------------------------------------------------------------------- distributed run
+def _meta(options, problems: Sequence[dict], cfg: SamplingConfig) -> dict:
+    """What the samples' distribution depends on: a resumed run must match it."""
+    prompts = hashlib.sha256("\0".join(p["task_id"] + "\0" + p["prompt"] for p in problems).encode()).hexdigest()
+    return {"model": options.model, "revision": options.revision, "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt,
+            "stop_strings": list(STOP_STRINGS), "prompts_sha256": prompts[:16]}
+
+
+def _check_meta(meta_file: Path, meta: dict) -> None:
+    if not meta_file.exists():
+        return
+    try:
+        old = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise CodeParrotError(f"{meta_file}: unreadable ({err}); remove it to start the samples afresh") from None
+    diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items() if old.get(k) != v]
+    if diff:
+        raise CodeParrotError(f"{meta_file.with_suffix('')} holds samples made with other settings ({'; '.join(diff)}); "
+                              f"use another --samples-file or remove it")
+
+
+def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
+    """Sample under Accelerate: each process generates its tasks into its part file, rank 0 merges.
+
+    Returns (samples of this run's tasks/temperatures/indices, generation info) on the main process and
+    None on the others. Every process ends with `accelerator.end_training()`.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object
+    from tqdm.auto import tqdm
+
+    from codeparrot.atomic_io import atomic_write_json
+    from codeparrot.generation import load_model_and_tokenizer
+    from codeparrot.humaneval import check_complete, merge_samples, part_files, read_samples
+
+    cfg = SamplingConfig(n_samples=options.n_samples, batch_size=options.batch_size,
+                         temperatures=list(options.temperature), top_p=options.top_p,
+                         max_new_tokens=options.max_new_tokens, seed=options.seed, strip_prompt=not options.no_strip)
+    cfg.validate()
+    samples_file.parent.mkdir(parents=True, exist_ok=True)
+    meta_file = samples_file.with_name(samples_file.name + ".meta.json")
+    meta = _meta(options, problems, cfg)
+    _check_meta(meta_file, meta)  # every rank checks the same files: all fail together, none hangs
+    accelerator = Accelerator()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    done: set[SampleKey] = set()
+    for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
+        done.update(sample_key(r) for r in read_samples(path) if r.get("temperature") is not None)
+    model, tokenizer = load_model_and_tokenizer(options.model, options.revision, device=str(accelerator.device))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_json(meta_file, meta)
+    todo = sum(1 for b in plan_batches(problems, cfg, rank, world) for t, i in b.rows
+               if (problems[t]["task_id"], float(b.temperature), i) not in done)
+    bar = tqdm(total=todo, unit="sample", desc=f"generate (rank {rank}/{world})", dynamic_ncols=True,
+               disable=options.no_progress or not accelerator.is_local_main_process)
+    counted = {"tokens": 0, "start": time.perf_counter()}
+
+    def progress(samples: int, tokens: int) -> None:
+        counted["tokens"] += tokens
+        bar.update(samples)
+        elapsed = max(time.perf_counter() - counted["start"], 1e-9)
+        bar.set_postfix_str(f"{counted['tokens'] / elapsed:.0f} tok/s, {bar.n / elapsed:.2f} samples/s")
+
+    part = samples_file.with_name(f"{samples_file.name}.part-{rank}")
+    stats = generate_samples(model, tokenizer, problems, cfg, part, done, rank, world, on_progress=progress)
+    bar.close()
+    all_stats = gather_object([stats])
+    accelerator.wait_for_everyone()
+    result = None
+    if accelerator.is_main_process:
+        merged = merge_samples(samples_file)
+        wanted = {p["task_id"] for p in problems}
+        temps = {float(t) for t in cfg.temperatures}
+        samples = [s for s in merged if s["task_id"] in wanted and float(s["temperature"]) in temps
+                   and int(s["sample_index"]) < cfg.n_samples]
+        check_complete(samples, problems, cfg.temperatures, cfg.n_samples)
+        seconds = max(s["seconds"] for s in all_stats)
+        made, tokens = sum(s["samples"] for s in all_stats), sum(s["tokens"] for s in all_stats)
+        info = {"config": {"n_samples": cfg.n_samples, "batch_size": cfg.batch_size, "temperatures": cfg.temperatures,
+                           "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+                           "strip_prompt": cfg.strip_prompt, "num_processes": world,
+                           "stop_strings": list(STOP_STRINGS)},
+                "samples_file": str(samples_file), "samples_generated": made, "samples_reused": len(samples) - made,
+                "tokens_generated": tokens, "seconds": round(seconds, 2),
+                "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+                "samples_per_s": round(made / max(seconds, 1e-9), 3)}
+        result = (samples, info)
+    accelerator.end_training()
+    return result

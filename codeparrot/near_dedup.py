@@ -2,45 +2,38 @@
 
 Definitions (CodeParrot's): a file's tokens are the non-empty pieces of `re.split("[^A-Za-z_0-9]", text)`;
 a file with fewer than `min_tokens` tokens (a count, not distinct) gets no signature and is never clustered;
-the MinHash is over the SET of tokens (no n-grams). Two files are near duplicates when their estimated
-Jaccard similarity (the fraction of equal signature slots) is >= `threshold`, and they were LSH candidates
-(equal in at least one band). Clusters are the connected components of that graph, so the result does not
-depend on input order, batching, scheduling or worker count (the seed fixes everything).
+the MinHash is over the SET of tokens (no n-grams). Two files are joined when they are LSH candidates (equal
+in one band) and their estimated Jaccard (fraction of equal signature slots) is >= `threshold`; clusters are
+the connected components, so they do not depend on input order, batching or worker count.
 
-How it is fast
-- Tokenizing works on UTF-8 bytes: one `bytes.translate` maps every byte outside [A-Za-z_0-9] (all bytes of
-  non-ASCII characters included) to a space, then `split()`; same tokens as the regex, about 3x faster.
-- Each distinct token of a batch is hashed once (crc32 of its bytes, mixed by murmur3's finalizer: stable
-  across processes, unlike Python's salted `hash()`), then the `num_perm` hash functions are applied as one
-  numpy broadcast over [distinct tokens, num_perm]. The functions are Dietzfelbinger's multiply-add-shift
-  `h(x) = ((a*x + b) mod 2^64) >> 32` with random 64-bit a, b: a strongly universal family for 32-bit keys,
-  the same guarantee as `(a*x + b) mod p`, computed with plain wrapping uint64 arithmetic (no 128-bit
-  products, no division). A file's signature is the per-slot minimum over its tokens' rows of that table.
-- LSH: `bands` x `rows` slots (CodeParrot's 0.85/256 gives 13 x 19) are hashed to one uint64 key per file per
-  band; each band is grouped by sorting. Pairs in one bucket are verified on the full signatures and joined
-  with a vectorized union-find. Pairs already in one component are never verified again, so the 13 bands of
-  a near-duplicate cluster cost about one band's work. Buckets larger than `_SMALL_BUCKET` members are linked
-  through per-component leaders (each member is compared with one leader per other component, O(k x
-  components) instead of O(k^2)); if that leaves the bucket split, the remaining cross-component pairs are
-  verified exhaustively (up to `_LARGE_BUCKET_PAIR_BUDGET` pairs per bucket; past that, a warning is logged
-  and the components found so far are kept).
+Speed
+- Tokens, per window of ~1 MiB of text: `bytes.translate` maps every byte outside [A-Za-z_0-9] (so every
+  byte of a non-ASCII character) to a space; token boundaries, token hashes (unaligned 8-byte loads, see
+  `_token_hashes`) and per-file dedup (one sort of file<<32|hash) are numpy passes: no Python object per token.
+- Each distinct token of a piece is permuted once by the `num_perm` functions `h(x) = ((a*x + b) mod 2^64)
+  >> 32`, random 64-bit a, b (Dietzfelbinger's multiply-add-shift: strongly universal for 32-bit keys like
+  `(a*x + b) mod p`, in plain wrapping uint64 arithmetic), a [V, num_perm] broadcast; a file's signature is
+  the per-slot min over its rows of that table.
+- LSH: per band, one uint32 key per file; buckets come from one argsort. Buckets whose members are already
+  one component are skipped; small buckets check each member against the first, then the pairs still
+  split; large ones go through leaders (`_link_large_bucket`). Verified pairs join a vectorized union-find.
+  The default banding is recall-first (`candidate_params`: 20 x 12 at 0.85 / 256) because every candidate
+  is verified; `params=lsh_params(...)` gives CodeParrot's datasketch banding (13 x 19).
 
 Memory (the real export is 20M files)
 - Signatures: uint32 x num_perm = 1 KiB per file at 256 permutations. `find_clusters` accepts an
-  `np.memmap` (e.g. `np.lib.format.open_memmap`) and reads it in row chunks plus random rows for the
-  verified pairs, so the signatures can live on disk: 20 GiB for 20M files.
-- The LSH index `find_clusters` holds in RAM: 8 bytes per file per band (13 x 8 = 104 B) + the union-find
-  parent (8 B) + the valid mask (1 B) + per-band sort scratch (about 24 B): about 140 bytes per file at
-  0.85/256, i.e. about 2.8 GB for 20M files. `codeparrot.benchmarks.near_dedup` measures it.
+  `np.memmap` (`np.lib.format.open_memmap`): it reads row chunks once, then the rows of candidate pairs.
+- In RAM while clustering: band keys 4 B x 20 bands + union-find parent and row index 8 B + per-band sort
+  scratch: about 90 bytes per file measured (tracemalloc slope, `codeparrot.benchmarks.near_dedup`), i.e.
+  about 1.7 GiB for 20M files, plus fixed scratch of a few tens of MiB.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import logging
 import math
 import sys
-import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,7 +46,8 @@ logger = logging.getLogger(__name__)
 _LITTLE = sys.byteorder == "little"
 SENTINEL = np.uint32(0xFFFFFFFF)  # the signature row of a file without one (every slot at the max)
 _TOKEN_BYTES = bytes(c if (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c == 95) else 32 for c in range(256))
-_TOKEN_ROWS_PER_PIECE = 32768  # token rows hashed at once: a [V <= 32768, num_perm] uint32 table, 32 MiB
+_WINDOW_BYTES = 1 << 20  # text tokenized and hashed at once (a single larger file is one window)
+_TOKEN_ROWS_PER_PIECE = 32768  # (file, token) rows per hash table: [V <= 32768, num_perm] uint32, 32 MiB
 _SIG_ROWS_PER_CHUNK = 8192  # signature rows read at once when hashing bands (8 MiB at 256 permutations)
 _PAIRS_PER_CHUNK = 8192  # candidate pairs verified at once (2 x 8 MiB of gathered rows)
 _SMALL_BUCKET = 64  # buckets up to this size verify all their cross-component pairs directly
@@ -69,15 +63,64 @@ def identifier_tokens(text: str) -> list[bytes]:
     return text.encode("utf-8", "surrogatepass").translate(_TOKEN_BYTES).split()
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    """murmur3's 32-bit finalizer (a bijection): spreads crc32's GF(2)-linear structure over all bits."""
-    h = h.astype(np.uint32, copy=True)
-    h ^= h >> np.uint32(16)
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finalizer, in place."""
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    h ^= h >> np.uint64(33)
     return h
+
+
+_LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=np.uint64)  # [9] masks
+
+
+def _token_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """uint32 hash of every token `buf[starts[i]:ends[i]]`, vectorized, stable across processes.
+
+    A token's first 8 bytes are one unaligned little-endian uint64 load (a 1-byte-stride view of `buf`),
+    masked to its length: exact for tokens up to 8 bytes, most identifiers. Longer tokens fold in their
+    next 8 bytes with murmur3's finalizer, 8 bytes per round. Multiply-shift then takes 32 bits: two
+    different tokens collide with probability about 2^-31, far below MinHash's own noise."""
+    padded = buf + bytes(8)
+    words = np.ndarray(shape=(len(buf) + 1,), dtype="<u8", buffer=padded, strides=(1,))  # words[i] = buf[i:i+8]
+    lengths = ends - starts
+    h = words[starts] & _LOW_BYTES[np.minimum(lengths, 8)]  # [T] uint64
+    long = np.flatnonzero(lengths > 8)
+    if len(long):
+        folded = _fmix64(h[long] ^ (lengths[long].astype(np.uint64) << np.uint64(56)))
+        offset, sub = 8, np.arange(len(long))
+        while len(sub):
+            rest = lengths[long[sub]] - offset
+            word = words[starts[long[sub]] + offset] & _LOW_BYTES[np.minimum(rest, 8)]
+            folded[sub] = _fmix64(folded[sub] ^ word)
+            offset, sub = offset + 8, sub[rest > 8]
+        h[long] = folded
+    h *= np.uint64(0x9E3779B97F4A7C15)
+    return (h >> np.uint64(32)).astype(np.uint32)
+
+
+def _distinct_tokens(datas: list[bytes], min_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct token hashes of each UTF-8 file: (file index intp[T], token hash uint32[T], bool[files] with
+    >= min_tokens tokens), sorted by file then hash; files under min_tokens contribute nothing. One numpy
+    pass over the joined window replaces a Python list + set of token objects per file (3x faster)."""
+    buf = b" " + b" ".join(datas).translate(_TOKEN_BYTES) + b" "  # non-identifier bytes -> spaces
+    ident = np.frombuffer(buf, dtype=np.uint8) != 32
+    edges = np.flatnonzero(ident[1:] != ident[:-1]) + 1  # token starts and ends, interleaved
+    starts, ends = edges[0::2], edges[1::2]
+    file_starts = np.ones(len(datas) + 1, dtype=np.intp)  # file j is buf[file_starts[j] : file_starts[j+1] - 1]
+    np.cumsum(np.fromiter(map(len, datas), dtype=np.intp, count=len(datas)) + 1, out=file_starts[1:])
+    file_starts[1:] += 1
+    counts = np.diff(np.searchsorted(starts, file_starts))  # tokens per file (a count, not distinct)
+    ok = counts >= min_tokens
+    keep = np.repeat(ok, counts)
+    # One sort of (file << 32 | hash) dedups within each file and groups the files in order.
+    key = np.repeat(np.arange(len(datas), dtype=np.uint64) << np.uint64(32), np.where(ok, counts, 0))
+    key |= _token_hashes(buf, starts[keep], ends[keep])
+    key.sort()
+    key = key[np.r_[True, key[1:] != key[:-1]]] if len(key) else key
+    return (key >> np.uint64(32)).astype(np.intp), key.astype(np.uint32), ok
 
 
 class MinHasher:
@@ -102,7 +145,7 @@ class MinHasher:
 
     def _permuted(self, base: np.ndarray) -> np.ndarray:
         """[V, num_perm] uint32, contiguous: every hash function applied to every token hash in `base`."""
-        x = _fmix32(base).astype(np.uint64)[:, None]  # [V, 1]
+        x = base.astype(np.uint64)[:, None]  # [V, 1]
         out = np.empty((len(base), self.num_perm), dtype=np.uint32)
         step = 256  # [256, P] uint64 scratch stays in cache
         scratch = np.empty((min(step, len(base)), self.num_perm), dtype=np.uint64)
@@ -114,23 +157,21 @@ class MinHasher:
             out[lo : lo + step] = y.view(np.uint32)[:, 1::2] if _LITTLE else y >> np.uint64(32)
         return out
 
-    def _flush(self, sets: list[set[bytes]], rows: list[int], out: np.ndarray) -> None:
-        """Signatures of the token `sets` into `out[rows]`, in windows of <= _TOKEN_ROWS_PER_PIECE token rows:
-        a window's distinct tokens are hashed once into a [V, P] table, then each file (or the part of it in
-        the window) takes the per-slot min over its rows of the table."""
-        lengths = np.fromiter(map(len, sets), dtype=np.intp, count=len(sets))
-        # crc32 of every (file, token): stable across processes. Equal crc32 = same token from here on (a
-        # 2^-32 chance per pair of different tokens: far below MinHash's own noise).
-        crc = np.fromiter(map(zlib.crc32, itertools.chain.from_iterable(sets)), dtype=np.uint32, count=lengths.sum())
-        row_of = np.repeat(np.asarray(rows, dtype=np.intp), lengths)  # [T] output row of each token row
-        for lo in range(0, len(crc), _TOKEN_ROWS_PER_PIECE):
-            seg_rows = row_of[lo : lo + _TOKEN_ROWS_PER_PIECE]
-            base, ids = np.unique(crc[lo : lo + _TOKEN_ROWS_PER_PIECE], return_inverse=True)  # [V], [W]
+    def _window(self, rows: list[int], datas: list[bytes], out: np.ndarray, valid: np.ndarray) -> None:
+        """Signatures of one window of files into `out[rows]`: distinct tokens are hashed once per piece of
+        <= _TOKEN_ROWS_PER_PIECE (file, token) rows into a [V, P] table, then each file takes the per-slot
+        min over its rows of that table (a file split across pieces is min-combined)."""
+        files, tokens, ok = _distinct_tokens(datas, self.min_tokens)
+        rows_arr = np.asarray(rows, dtype=np.intp)
+        valid[rows_arr[ok]] = True
+        for lo in range(0, len(tokens), _TOKEN_ROWS_PER_PIECE):
+            seg_files = files[lo : lo + _TOKEN_ROWS_PER_PIECE]
+            base, ids = np.unique(tokens[lo : lo + _TOKEN_ROWS_PER_PIECE], return_inverse=True)  # [V], [W]
             table = self._permuted(base)  # [V, P]
-            cuts = np.flatnonzero(np.r_[True, seg_rows[1:] != seg_rows[:-1]]).tolist() + [len(seg_rows)]
+            cuts = np.flatnonzero(np.r_[True, seg_files[1:] != seg_files[:-1]]).tolist() + [len(seg_files)]
             for start, stop in zip(cuts[:-1], cuts[1:]):
                 # One file at a time: its gathered rows stay in cache (a [W, P] gather + reduceat is 8x slower).
-                row = out[seg_rows[start]]
+                row = out[rows_arr[seg_files[start]]]
                 np.minimum(row, table[ids[start:stop]].min(axis=0), out=row)
 
     def signatures(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -139,25 +180,21 @@ class MinHasher:
         n = len(texts)
         out = np.full((n, self.num_perm), SENTINEL, dtype=np.uint32)
         valid = np.zeros(n, dtype=bool)
-        sets: list[set[bytes]] = []
         rows: list[int] = []
-        pending = 0
+        datas: list[bytes] = []
+        size = 0
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise CodeParrotError(f"near dedup: text {i} is a {type(text).__name__}, not a str")
-            tokens = identifier_tokens(text)
-            if len(tokens) < self.min_tokens:
-                continue
-            token_set = set(tokens)
-            valid[i] = True
-            sets.append(token_set)
+            # Lone surrogates (possible in decoded JSON) pass through as bytes >= 0x80: separators.
+            datas.append(text.encode("utf-8", "surrogatepass"))
             rows.append(i)
-            pending += len(token_set)
-            if pending >= _TOKEN_ROWS_PER_PIECE:
-                self._flush(sets, rows, out)
-                sets, rows, pending = [], [], 0
-        if sets:
-            self._flush(sets, rows, out)
+            size += len(datas[-1])
+            if size >= _WINDOW_BYTES:
+                self._window(rows, datas, out, valid)
+                rows, datas, size = [], [], 0
+        if rows:
+            self._window(rows, datas, out, valid)
         return out, valid
 
     def signature(self, text: str) -> np.ndarray | None:
@@ -171,6 +208,7 @@ def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
     return float(np.count_nonzero(np.asarray(sig_a) == np.asarray(sig_b))) / len(sig_a)
 
 
+@functools.lru_cache(maxsize=32)
 def _lsh_error_table(threshold: float, num_perm: int, fp_weight: float, fn_weight: float):
     """(bands, rows, weighted error) for every (b, r) with b*r <= num_perm; the integrals of datasketch's
     optimizer, computed exactly: the integrands are polynomials of degree <= b*r <= num_perm, and Gauss-Legendre
@@ -192,7 +230,9 @@ def _lsh_error_table(threshold: float, num_perm: int, fp_weight: float, fn_weigh
     s_fn = threshold + (nodes + 1.0) * (1.0 - threshold) / 2.0
     fp = collide(s_fp) @ weights * threshold / 2.0
     fn = (1.0 - collide(s_fn)) @ weights * (1.0 - threshold) / 2.0
-    return bands, rows, fp * fp_weight + fn * fn_weight
+    error = fp * fp_weight + fn * fn_weight
+    error.flags.writeable = False  # cached: shared by every caller
+    return tuple(bands), tuple(rows), error
 
 
 def _check_threshold(threshold: float, num_perm: int) -> None:
@@ -206,7 +246,7 @@ def lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = (
     """(bands, rows) minimizing the weighted false-positive + false-negative probability mass, as datasketch's
     MinHashLSH chooses them (CodeParrot's 0.85 / 256 gives 13 bands x 19 rows)."""
     _check_threshold(threshold, num_perm)
-    bands, rows, error = _lsh_error_table(float(threshold), int(num_perm), *weights)
+    bands, rows, error = _lsh_error_table(float(threshold), int(num_perm), float(weights[0]), float(weights[1]))
     best = int(np.argmin(error))  # first minimum, in datasketch's (b, r) scan order
     return bands[best], rows[best]
 
@@ -308,10 +348,13 @@ def _link_large_bucket(signatures: np.ndarray, parent: np.ndarray, members: np.n
     of members at a time: O(k x leaders). It can only miss edges between two non-leaders of different
     components, so if the bucket is still split afterwards, its cross-component pairs are verified
     exhaustively (work = cross pairs, within `_LARGE_BUCKET_PAIR_BUDGET`): the result is exact."""
+    roots = _roots(parent, members)
+    if (roots == roots[0]).all():  # joined meanwhile by another bucket of this band
+        return
     sig = np.asarray(signatures[members])  # [k, P]
     k = len(members)
     # Local union-find over positions; members already joined (same global root) start joined.
-    first, inverse = np.unique(_roots(parent, members), return_index=True, return_inverse=True)[1:]
+    first, inverse = np.unique(roots, return_index=True, return_inverse=True)[1:]
     local = first[inverse.reshape(-1)].astype(np.intp)
     leaders = [0]
     edges_u, edges_v = [], []
@@ -383,16 +426,18 @@ def find_clusters(
             and bands >= 1 and rows >= 1 and bands * rows <= num_perm):
         raise CodeParrotError(f"near dedup: LSH params {params!r} need bands * rows <= num_perm = {num_perm}")
     need = math.ceil(threshold * num_perm - 1e-9)  # equal slots needed: estimated Jaccard >= threshold
-    if valid is None:
+    if valid is None and n:
         valid = np.ones(n, dtype=bool)
         for lo in range(0, n, _SIG_ROWS_PER_CHUNK):
             valid[lo : lo + _SIG_ROWS_PER_CHUNK] = ~(signatures[lo : lo + _SIG_ROWS_PER_CHUNK] == SENTINEL).all(1)
-    valid = np.asarray(valid, dtype=bool)
+    valid = np.asarray(valid if valid is not None else np.zeros(0), dtype=bool)
     if valid.shape != (n,):
         raise CodeParrotError(f"near dedup: valid has shape {valid.shape}, expected ({n},) like the signatures")
     index_dtype = np.int32 if n < 2**31 else np.int64  # 4 bytes per file where it fits
     valid_rows = np.flatnonzero(valid).astype(index_dtype)
     parent = np.arange(n, dtype=index_dtype)
+    if len(valid_rows) < 2:
+        return []
     keys = _band_keys(signatures, valid_rows, bands, rows)  # [bands, m]
     for band in range(bands):
         order = np.argsort(keys[band], kind="stable")  # equal keys stay in ascending row order
@@ -409,10 +454,9 @@ def find_clusters(
             todo = small & _split_buckets(parent, members, starts)
             u, v = _bucket_pairs(starts[todo], sizes[todo], all_pairs)
             _verify_and_join(signatures, parent, members[u], members[v], need)
-        for start, size in zip(starts[~small].tolist(), sizes[~small].tolist()):
-            bucket = members[start : start + size]
-            if len(np.unique(_roots(parent, bucket))) > 1:
-                _link_large_bucket(signatures, parent, bucket, need)
+        large = ~small & _split_buckets(parent, members, starts)
+        for start, size in zip(starts[large].tolist(), sizes[large].tolist()):
+            _link_large_bucket(signatures, parent, members[start : start + size], need)
     del keys
     return _components(parent, valid)
 

@@ -26,6 +26,8 @@ import gzip
 import json
 import os
 import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
@@ -225,8 +227,14 @@ class ShardWriter:
 
     Shards are numbered from 1 (CodeParrot's naming) and opened lazily, so no empty shard is ever written.
     The gzip header carries no file name and mtime 0: the same rows give byte-identical shards, which makes
-    runs comparable with a checksum. Rows are buffered and compressed in ~1 MiB writes.
+    runs comparable with a checksum. Rows are buffered into ~1 MiB blocks that one background thread
+    compresses and writes, in order (zlib releases the GIL, so compression overlaps the caller's work; at most
+    `_MAX_PENDING` blocks wait, so memory stays bounded). An I/O error in the thread surfaces at the next
+    write or at `close`.
     """
+
+    _BLOCK = 1 << 20
+    _MAX_PENDING = 4
 
     def __init__(self, directory: str | os.PathLike, samples_per_file: int = 100_000, compresslevel: int = 6):
         if samples_per_file < 1:
@@ -239,42 +247,55 @@ class ShardWriter:
         self.paths: list[Path] = []
         self.rows = 0
         self._rows_in_shard = 0
-        self._raw = None
-        self._gz: gzip.GzipFile | None = None
         self._buffer: list[bytes] = []
         self._buffered = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: deque[Future] = deque()
+        self._gz: gzip.GzipFile | None = None  # touched only by the background thread
 
-    def _open_next(self) -> None:
-        self._close_shard()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / SHARD_PATTERN.format(index=len(self.paths) + 1)
-        self._raw = open(path, "wb")
-        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=self.compresslevel, mtime=0)
-        self.paths.append(path)
-        self._rows_in_shard = 0
+    def _submit(self, fn, *args) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
+        self._pending.append(self._executor.submit(fn, *args))
+        while self._pending and (self._pending[0].done() or len(self._pending) > self._MAX_PENDING):
+            self._pending.popleft().result()  # re-raises an error of the writer thread here
 
+    # --- run in the writer thread, in submission order
+    def _open_file(self, path: Path) -> None:
+        self._close_file()
+        raw = open(path, "wb")
+        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=self.compresslevel, mtime=0)
+
+    def _write_block(self, data: bytes) -> None:
+        self._gz.write(data)
+
+    def _close_file(self) -> None:
+        if self._gz is not None:
+            raw = self._gz.fileobj
+            self._gz.close()
+            raw.close()
+            self._gz = None
+
+    # --- caller side
     def _flush(self) -> None:
         if self._buffer:
-            self._gz.write(b"".join(self._buffer))
+            self._submit(self._write_block, b"".join(self._buffer))
             self._buffer, self._buffered = [], 0
-
-    def _close_shard(self) -> None:
-        if self._gz is not None:
-            self._flush()
-            self._gz.close()
-            self._raw.close()
-            self._gz = self._raw = None
 
     def write_line(self, line: bytes) -> None:
         """Append one JSON object given as its serialized bytes (no line break)."""
-        if self._gz is None or self._rows_in_shard >= self.samples_per_file:
-            self._open_next()
+        if not self.paths or self._rows_in_shard >= self.samples_per_file:
+            self._flush()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.paths.append(self.directory / SHARD_PATTERN.format(index=len(self.paths) + 1))
+            self._submit(self._open_file, self.paths[-1])
+            self._rows_in_shard = 0
         self._buffer.append(line)
         self._buffer.append(b"\n")
         self._buffered += len(line) + 1
         self._rows_in_shard += 1
         self.rows += 1
-        if self._buffered >= 1 << 20:
+        if self._buffered >= self._BLOCK:
             self._flush()
 
     def write_record(self, record: dict[str, Any]) -> None:
@@ -282,8 +303,16 @@ class ShardWriter:
         self.write_line(json.dumps(record, ensure_ascii=False).encode("utf-8"))
 
     def close(self) -> list[Path]:
-        """Finish the last shard; returns every shard written."""
-        self._close_shard()
+        """Finish the last shard and wait for the writer thread; returns every shard written."""
+        if self._executor is not None:
+            self._flush()
+            self._submit(self._close_file)
+            try:
+                while self._pending:
+                    self._pending.popleft().result()
+            finally:
+                self._executor.shutdown(wait=True)
+                self._executor = None
         return self.paths
 
     def __enter__(self) -> "ShardWriter":

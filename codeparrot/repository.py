@@ -174,7 +174,8 @@ def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
 
     - a plain folder (config.json/tokenizer files, not a repository): itself (`revision` must be None);
     - a local git repository: the revision (default `main`) materialized once per commit id in the cache
-      (commit ids name content, so a cached folder never goes stale);
+      (commit ids name content, so a cached folder never goes stale); a non-bare repository without a
+      revision is used as checked out;
     - a Hub id: `snapshot_download` (uses the local Hub cache when offline).
     """
     ref = str(ref)
@@ -194,6 +195,8 @@ def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
         if revision is not None:
             raise CodeParrotError(f"{path} is a plain folder, not a repository: it has no revision {revision!r}")
         return path
+    if revision is None and (path / ".git").exists():
+        return path  # a git worktree (e.g. a cloned model) without a revision: the files as checked out
     repo = LocalGitRepository(path)
     commit = repo.resolve_revision(revision or "main")
     target = cache_root() / commit

@@ -38,7 +38,7 @@ def scrub(text: str) -> str:
 
 def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None = None) -> CodeParrotError:
     """A one-line `CodeParrotError` for an exception raised by huggingface_hub."""
-    from huggingface_hub import errors
+    from huggingface_hub import constants, errors
 
     at = f"{repo_id}@{revision}" if revision else repo_id
     if isinstance(err, errors.RevisionNotFoundError):
@@ -47,19 +47,11 @@ def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None 
         return CodeParrotError(f"Hub repository {repo_id} not found or not accessible "
                                "(log in with `hf auth login` or set HF_TOKEN)")
     if isinstance(err, errors.OfflineModeIsEnabled) or (
-            isinstance(err, errors.LocalEntryNotFoundError) and os.environ.get("HF_HUB_OFFLINE") == "1"):
+            isinstance(err, errors.LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE):
         return CodeParrotError(f"{what} {at}: the Hub is offline (HF_HUB_OFFLINE=1) and {at} is not in the "
                                "local cache")
     lines = str(err).strip().splitlines()
     return CodeParrotError(scrub(f"{what} {at} failed: {type(err).__name__}: {lines[0] if lines else ''}"))
-
-
-def _is_hub_failure(err: BaseException) -> bool:
-    """Errors that come from talking to the Hub (HTTP, network, offline, validation), not from our bugs."""
-    from huggingface_hub import errors
-
-    return isinstance(err, (OSError, ValueError, errors.HfHubHTTPError, errors.EntryNotFoundError)) or \
-        type(err).__module__.startswith(("httpx", "requests", "huggingface_hub"))
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.PathLike | None = None) -> Path:
@@ -69,10 +61,10 @@ def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.
     try:
         return Path(snapshot_download(repo_id, revision=validate_revision(revision) if revision else None,
                                       local_dir=local_dir))
-    except Exception as err:
-        if _is_hub_failure(err):
-            raise hub_error(err, "downloading", repo_id, revision) from None
+    except CodeParrotError:
         raise
+    except Exception as err:  # HTTP, network, offline cache miss, bad id: a one-line error naming the repo
+        raise hub_error(err, "downloading", repo_id, revision) from None
 
 
 class HubRepository(CheckpointRepository):
@@ -89,13 +81,13 @@ class HubRepository(CheckpointRepository):
                        private=private)
 
     def _call(self, what: str, fn: Callable, at: str | None = None, **kwargs):
-        """`fn(**kwargs)` with Hub failures turned into one-line errors naming the repository (`at` a revision)."""
+        """`fn(**kwargs)` (an HfApi method) with its failures turned into one-line errors naming the repository
+        (`at`: a revision). Anything an HfApi call raises - HTTP errors, network errors, or a KeyError from a
+        server (a mirror) that answers an endpoint in an unexpected shape - is a Hub failure, not our bug."""
         try:
             return fn(**kwargs)
         except Exception as err:
-            if _is_hub_failure(err):
-                raise hub_error(err, what, self.repo_id, at) from None
-            raise
+            raise hub_error(err, what, self.repo_id, at) from None
 
     def _head(self, revision: str):
         """The newest `GitCommitInfo` of `revision`."""
@@ -139,10 +131,8 @@ class HubRepository(CheckpointRepository):
             err = fut.exception()
             if err is None:
                 result.set_result(fut.result().oid)
-            elif _is_hub_failure(err):
-                result.set_exception(hub_error(err, "uploading to", self.repo_id, branch))
             else:
-                result.set_exception(err)
+                result.set_exception(hub_error(err, "uploading to", self.repo_id, branch))
 
         upload.add_done_callback(done)
         return result
@@ -151,8 +141,11 @@ class HubRepository(CheckpointRepository):
         refs = self._call("listing branches of", self.api.list_repo_refs, repo_id=self.repo_id)
         branches = []
         for ref in refs.branches:
-            commits = self._call("reading", self.api.list_repo_commits, ref.name, repo_id=self.repo_id,
-                                 revision=ref.name)
+            try:
+                commits = self._call("reading", self.api.list_repo_commits, ref.name, repo_id=self.repo_id,
+                                     revision=ref.name)
+            except CodeParrotError:  # a mirror without the commits endpoint (olah): branches without dates
+                commits = []
             date = commits[0].created_at.isoformat() if commits else ""
             step = next((s for s in (parse_step(c.title) for c in commits) if s is not None), None)
             branches.append(BranchInfo(name=ref.name, commit_id=ref.target_commit, date=date, latest_step=step))

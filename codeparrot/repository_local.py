@@ -122,8 +122,7 @@ class LocalGitRepository(CheckpointRepository):
         return self._run(cmd + list(args), input=input, env=env, check=check, what=f"git {args[0]}")
 
     def _config(self, key: str) -> str | None:
-        out = self._run(["git", f"--git-dir={self.git_dir if hasattr(self, 'git_dir') else self.path}",
-                         "config", "--get", key], check=False).strip()
+        out = self._run(["git", f"--git-dir={self.git_dir}", "config", "--get", key], check=False).strip()
         return out or None
 
     def _init(self, use_lfs: bool | None) -> None:

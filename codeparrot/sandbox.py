@@ -31,7 +31,7 @@ Worker processes start once; a program costs two forks of a ~15 MB process, not 
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import select
 import shutil
@@ -136,7 +136,7 @@ class _Server:
         settings.update(workspace=str(workspace), uid=config.uid_base + slot if config.drop_privileges else None)
         self.log = log
         with open(log, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), json.dumps(settings)],
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env={},
                                          cwd="/", start_new_session=True, close_fds=True)
         self.buf = b""
@@ -149,22 +149,28 @@ class _Server:
             raise RuntimeError(f"sandbox worker did not start: {hello}")
         self.layers = hello["hello"]
 
-    def readline(self, deadline: float) -> dict:
+    def _read(self, n: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
+        while len(self.buf) < n:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 raise TimeoutError("sandbox worker did not answer in time")
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
                 tail = self.log.read_text(errors="replace")[-500:] if self.log.exists() else ""
                 raise EOFError(f"sandbox worker exited (code {self.proc.poll()}): {tail.strip()}")
             self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return json.loads(line)
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def readline(self, deadline: float) -> dict:
+        """One frame from the worker: 8-byte little-endian length, then `marshal` data."""
+        size = int.from_bytes(self._read(8, deadline), "little")
+        return marshal.loads(self._read(size, deadline))
 
     def request(self, job: dict, timeout: float) -> dict:
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        payload = marshal.dumps(job)
+        self.proc.stdin.write(len(payload).to_bytes(8, "little") + payload)
         self.proc.stdin.flush()
         return self.readline(time.monotonic() + timeout + 30.0)  # the worker enforces `timeout` itself
 

@@ -159,13 +159,16 @@ def run_program(job: dict, result_fd: int) -> None:
     """
     import builtins
 
+    prompt, completion, test, entry_point = job["prompt"], job["completion"], job["test"], job.get("entry_point")
+    # Modules the prompt or test import that are already loaded: their contents now, restored before the test.
+    snapshots = [(name, sys.modules[name], dict(vars(sys.modules[name])))
+                 for name in _imported_modules(prompt + "\n" + test) if name in sys.modules]
     # Bind everything used after program code has run (the program may patch builtins and modules).
     b = {"exec": exec, "compile": compile, "dict": dict, "set": set, "list": list, "type": type, "str": str,
          "BaseException": BaseException, "write": os.write, "exit": os._exit, "audit": sys.audit, "sys": sys,
          "setattr": setattr, "modules": sys.modules, "baseline": set(sys.modules),
-         "pristine": dict(builtins.__dict__), "result_fd": result_fd, "after": _after_program, "fail": _fail}
+         "pristine": dict(builtins.__dict__), "result_fd": result_fd, "snapshots": snapshots, "vars": vars, "after": _after_program, "fail": _fail}
     b["audit"]("codeparrot.start")  # registers this frame as the only one allowed to report a pass
-    prompt, completion, test, entry_point = job["prompt"], job["completion"], job["test"], job.get("entry_point")
     try:
         program = compile(prompt + completion, "<program>", "exec")
         test_code = compile(test, "<test>", "exec")
@@ -188,6 +191,25 @@ def run_program(job: dict, result_fd: int) -> None:
     after(b, program_ns, helpers, test_code, entry_point)
 
 
+def _imported_modules(source: str) -> list[str]:
+    """Absolute module names (and their parents) named by import statements in `source`; a line scan,
+    enough for test code (an import the scan misses is only left unrestored, never mis-executed)."""
+    names = []
+    for line in source.splitlines():
+        line = line.strip()
+        if line.startswith("import "):
+            targets = [part.split(" as ")[0].strip() for part in line[7:].split(",")]
+        elif line.startswith("from ") and " import " in line:
+            targets = [line[5:].split(" import ")[0].strip()]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            if all(p.isidentifier() for p in parts):
+                names.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return list(dict.fromkeys(names))
+
+
 def _fail(b: dict, prefix: str, err=None) -> None:
     """Write `F <prefix><Type>: <message>` and exit. Uses only the bound names in `b`."""
     text = prefix
@@ -207,6 +229,11 @@ def _after_program(b, program_ns, helpers, test_code, entry_point):
     everything comes from `b`, bound before the program ran (a test checks this on the bytecode)."""
     _dict, _str, _type, BaseExc, modules, fail = b["dict"], b["str"], b["type"], b["BaseException"], \
         b["modules"], b["fail"]
+    for name, module, contents in b["snapshots"]:  # undo patches like `math.fabs = lambda x: 0`
+        namespace = b["vars"](module)
+        _dict.clear(namespace)
+        _dict.update(namespace, contents)
+        modules[name] = module
     if _type(modules) is _dict:
         for name in b["list"](modules):
             if name not in b["baseline"]:

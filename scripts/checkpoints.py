@@ -4,6 +4,7 @@
     python scripts/checkpoints.py log REPO --branch NAME                      checkpoints on a branch, newest first
     python scripts/checkpoints.py download REPO --revision REV --output-dir DIR   a folder from_pretrained loads
     python scripts/checkpoints.py promote REPO --revision REV                 make a checkpoint the main model
+    python scripts/checkpoints.py plot REPO --branch NAME --dataset PATH --output PNG   validation loss per checkpoint
 
 REV is a branch, a tag or a commit id (as `log` prints it, full or abbreviated).
 """
@@ -40,7 +41,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                         "checkpoint becomes the repository's model)")
     pr.add_argument("repo", metavar="REPO", help=repo_help)
     pr.add_argument("--revision", required=True, help="branch, tag or commit id to promote")
+
+    pl = sub.add_parser("plot", help="validation loss of every checkpoint on a branch, as a PNG and a table")
+    pl.add_argument("repo", metavar="REPO", help=repo_help)
+    pl.add_argument("--branch", required=True, help="the experiment branch")
+    pl.add_argument("--dataset", required=True, help="validation data: a pretokenized folder or JSON/JSONL(.gz) shards")
+    pl.add_argument("--output", required=True, help="PNG to write (a JSON of the points is written beside it)")
+    pl.add_argument("--max-eval-steps", type=int, default=20, help="batches per checkpoint, -1 for the whole split (default: 20)")
+    pl.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
+    pl.add_argument("--seq-length", type=int, default=None, help="tokens per sequence (default: the model's context)")
     return p.parse_args(argv)
+
+
+def plot_branch(repo, args: argparse.Namespace) -> None:
+    """Score each "step N" commit of the branch on the same validation batches and plot loss against step."""
+    from pathlib import Path
+
+    from codeparrot.atomic_io import atomic_write_json
+    from codeparrot.evaluation import validation_loss
+    from codeparrot.plots import plot_checkpoint_losses
+
+    commits = sorted((c for c in repo.list_commits(args.branch) if c.step is not None), key=lambda c: c.step)
+    points = []
+    for c in commits:
+        result = validation_loss(args.repo, args.dataset, revision=c.commit_id, max_eval_steps=args.max_eval_steps,
+                                 batch_size=args.batch_size, seq_length=args.seq_length)
+        points.append({"step": c.step, "commit": c.commit_id, "loss": result["loss"], "perplexity": result["perplexity"]})
+        print(f"step {c.step:>8}  {c.commit_id[:12]}  loss {result['loss']:.4f}  perplexity {result['perplexity']:.2f}",
+              flush=True)
+    png = plot_checkpoint_losses([(p["step"], p["loss"]) for p in points], args.output,
+                                 f"{args.branch}: validation loss per checkpoint")
+    atomic_write_json(Path(args.output).with_suffix(".json"), points)
+    print(f"plot written to {png}")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -75,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "promote":
         commit = repo.promote(args.revision)
         print(f"promoted {args.revision} to main of {args.repo}: {commit[:12]}")
+    elif args.command == "plot":
+        plot_branch(repo, args)
     return 0
 
 

@@ -20,6 +20,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Materialized revisions and measured CPU peaks go to a per-session folder, not ~/.cache."""
+    os.environ["CODEPARROT_CACHE"] = str(tmp_path_factory.mktemp("codeparrot-cache"))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped on machines without CUDA."""
     try:

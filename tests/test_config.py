@@ -78,3 +78,24 @@ def test_null_clears_optional_and_describe_lists_every_field():
     for key in ("--name", "--steps", "--bf16", "--schedule", "--resume", "--optim.lr", "--optim.betas"):
         assert key in text
     assert "peak learning rate" in text
+
+
+def test_atomic_outputs_have_normal_permissions_and_leave_nothing_on_failure(tmp_path):
+    import os
+    import stat
+
+    from codeparrot.atomic_io import atomic_dir, atomic_write_json
+
+    atomic_write_json(tmp_path / "a.json", {"x": 1})
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o666 & ~mask
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "f").write_text("1")
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~mask
+    with pytest.raises(RuntimeError):
+        with atomic_dir(tmp_path / "broken") as tmp:
+            (tmp / "half").write_text("1")
+            raise RuntimeError("crash mid-write")
+    assert not (tmp_path / "broken").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "out"]  # no temp leftovers

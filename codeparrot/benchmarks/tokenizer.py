@@ -32,5 +32,5 @@ def rows(quick: bool = False) -> list[BenchRow]:
         BenchRow("tokenizer: BPE training (stdlib)", "MB/s", mb / seconds, mb / seconds, mb / seconds, 1,
                  f"{corpus}, {seconds:.1f} s"),
         BenchRow("tokenizer: bytes per token (held-out stdlib)", "bytes/token", bpt, bpt, bpt, 1,
-                 f"{len(held_out)} held-out files; CodeParrot-size vocab {vocab}"),
+                 f"{len(held_out)} held-out files (every 50th), vocab {vocab}"),
     ]
