@@ -192,20 +192,27 @@ def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
     return removed
 
 
-def load_checkpoint(accelerator, path: str | os.PathLike) -> tuple[TrainerState, dict[str, Any]]:
-    """Restore model, optimizer, scheduler and RNG states from `path`; returns (trainer state, this process's
-    data position). The number of processes must match the one that wrote it (each had its own data stream)."""
+def read_data_position(path: str | os.PathLike, process_index: int) -> dict[str, Any]:
+    """Process `process_index`'s DataLoader position saved in checkpoint `path`."""
+    data_file = Path(path) / TRAINING_STATE / f"data_rank{process_index}.pt"
+    if not data_file.is_file():
+        raise CodeParrotError(f"{path} has no data position for process {process_index} ({data_file.name})")
+    return torch.load(data_file, weights_only=True)
+
+
+def restore_training_state(accelerator, path: str | os.PathLike) -> TrainerState:
+    """Restore model, optimizer, scheduler and RNG states from checkpoint `path`; returns its trainer state.
+
+    Call it last before the loop: anything drawing random numbers afterwards (e.g. starting DataLoader
+    workers, which draws their base seed) would shift the restored RNG stream."""
     path = Path(path)
     state = read_state(path)
     if state.world_size != accelerator.num_processes:
         raise CodeParrotError(f"{path} was written by {state.world_size} processes; resume it with "
                               f"{state.world_size}, not {accelerator.num_processes} (each had its own data stream)")
-    data_file = path / TRAINING_STATE / f"data_rank{accelerator.process_index}.pt"
-    if not data_file.is_file():
-        raise CodeParrotError(f"{path} has no data position for process {accelerator.process_index} ({data_file.name})")
     handle = accelerator.register_load_state_pre_hook(_load_weights_from_hf_folder)
     try:
         accelerator.load_state(str(path / TRAINING_STATE))
     finally:
         handle.remove()
-    return state, torch.load(data_file, weights_only=False)
+    return state

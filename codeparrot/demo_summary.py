@@ -52,6 +52,17 @@ def _model_info(repo: Path) -> dict:
         return {}
 
 
+def _fmt_pass_at_k(best: Any) -> str:
+    """`{"pass@1": {"value": 0.0, ...}, "pass@100": {"value": None, "reason": ...}}` as one short line."""
+    if not isinstance(best, dict) or not best:
+        return "n/a"
+    parts = []
+    for k, entry in best.items():
+        value = entry.get("value") if isinstance(entry, dict) else entry
+        parts.append(f"{k} {100 * value:.2f}%" if isinstance(value, (int, float)) else f"{k} n/a (too few samples)")
+    return ", ".join(parts)
+
+
 def _fmt(value: Any, spec: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -110,8 +121,8 @@ def print_summary(out: Path, timings: dict[str, float]) -> dict:
         f"model: {_fmt(s['parameters'], ',')} parameters",
         f"training: {_fmt(s['train_tokens_per_s'], ',.0f')} tokens/s, MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}%",
         f"validation: loss {_fmt(s['val_loss'], '.3f')}, perplexity {_fmt(s['perplexity'], '.1f')}",
-        f"HumanEval (demo model, a few tasks): {_fmt(s['humaneval'])}",
-        f"HumanEval canonical solutions (scorer check): {_fmt(s['humaneval_canonical'])}",
+        f"HumanEval (demo model, a few tasks): {_fmt_pass_at_k(s['humaneval'])}",
+        f"HumanEval canonical solutions (scorer check): {_fmt_pass_at_k(s['humaneval_canonical'])}",
         f"TensorBoard logs: {s['tensorboard_logdir']}",
         f"plots: {s['plots_dir']}",
         "stage wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items()),

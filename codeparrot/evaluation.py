@@ -83,6 +83,16 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps)
 
 
+def skip_padding_check(model) -> None:
+    """Turn off transformers' "input looks padded" warning check on `model` (in place).
+
+    It runs `pad_token_id in input_ids[:, [-1, 0]]` on every forward without an attention mask: a device→host
+    sync per micro-step on a GPU, for a warning that never applies here (sequences are packed, never padded,
+    and EOS, which starts or ends many of them, doubles as PAD)."""
+    base = getattr(model, "base_model", model)
+    base.warn_if_padding_and_no_attention_mask = lambda input_ids, attention_mask: None
+
+
 def perplexity(loss: float) -> float:
     """exp(loss), inf instead of an overflow."""
     try:
@@ -110,6 +120,7 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     tokenizer = load_tokenizer(tokenizer_ref or str(model_dir))
     accelerator = Accelerator(mixed_precision=mixed_precision)
     model = load_pretrained_model(str(model_dir), dtype=torch.float32)
+    skip_padding_check(model)
     n_positions = model.config.n_positions
     seq_length = seq_length or n_positions
     if seq_length > n_positions:

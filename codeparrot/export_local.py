@@ -116,8 +116,6 @@ def export_local(src_dirs: list[str | os.PathLike] | None, output_dir: str | os.
                  progress: bool | None = None) -> ExportStats:
     """Write the source trees (default: the standard library) as sharded gzip JSONL into `output_dir`,
     atomically (a failed or interrupted export leaves no `output_dir`)."""
-    from tqdm import tqdm
-
     start = time.perf_counter()
     stats = ExportStats()
     roots = [Path(p).expanduser() for p in src_dirs] if src_dirs else [default_source()]
@@ -127,33 +125,40 @@ def export_local(src_dirs: list[str | os.PathLike] | None, output_dir: str | os.
         raise CodeParrotError(f"no {suffix} files of {min_size} <= size < {max_size} bytes under "
                               f"{', '.join(map(str, roots))}")
     with atomic_dir(output_dir) as tmp:
-        writer = ShardWriter(tmp, samples_per_file, compresslevel)
-        bar = tqdm(files, unit=" files", desc="export", disable=None if progress is None else not progress)
-        for source in bar:
-            try:
-                data = source.abs_path.read_bytes()
-            except OSError:
-                stats.skip("unreadable file")
-                continue
-            try:
-                content = data.decode("utf-8")
-            except UnicodeDecodeError:
-                stats.skip("not UTF-8")
-                continue
-            if not min_size <= len(data) < max_size:  # changed since it was listed
-                stats.skip("outside size window")
-                continue
-            record = {"repo_name": source.repo_name, "path": source.path, "copies": "1", "size": str(len(data)),
-                      "content": content, "license": "unknown"}
-            writer.write_line(json.dumps(record, ensure_ascii=False).encode("utf-8"))
-            stats.files_written += 1
-            stats.bytes_written += len(data)
-            if stats.files_written % 256 == 0:
-                bar.set_postfix_str(f"{stats.bytes_written / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
-        bar.close()
-        if stats.files_written == 0:
-            raise CodeParrotError(f"no readable UTF-8 {suffix} files under {', '.join(map(str, roots))}")
-        paths = writer.close()
+        with ShardWriter(tmp, samples_per_file, compresslevel) as writer:
+            _write_files(files, writer, stats, start, progress, min_size, max_size)
+            if stats.files_written == 0:
+                raise CodeParrotError(f"no readable UTF-8 {suffix} files under {', '.join(map(str, roots))}")
+            paths = writer.close()
     stats.shards = [str(Path(output_dir) / p.name) for p in paths]
     stats.seconds = time.perf_counter() - start
     return stats
+
+
+def _write_files(files: list[SourceFile], writer: ShardWriter, stats: ExportStats, start: float,
+                 progress: bool | None, min_size: int, max_size: int) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(files, unit=" files", desc="export", disable=None if progress is None else not progress)
+    for source in bar:
+        try:
+            data = source.abs_path.read_bytes()
+        except OSError:
+            stats.skip("unreadable file")
+            continue
+        try:
+            content = data.decode("utf-8")
+        except UnicodeDecodeError:
+            stats.skip("not UTF-8")
+            continue
+        if not min_size <= len(data) < max_size:  # changed since it was listed
+            stats.skip("outside size window")
+            continue
+        record = {"repo_name": source.repo_name, "path": source.path, "copies": "1", "size": str(len(data)),
+                  "content": content, "license": "unknown"}
+        writer.write_line(json.dumps(record, ensure_ascii=False).encode("utf-8"))
+        stats.files_written += 1
+        stats.bytes_written += len(data)
+        if stats.files_written % 256 == 0:
+            bar.set_postfix_str(f"{stats.bytes_written / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
+    bar.close()

@@ -149,7 +149,10 @@ def count_assignments(text: str, stop_after: int | None = None) -> int:
     keyword arguments and default values that bind a name), augmented assignments (`+=`, `-=`, `*=`, `/=`,
     `//=`, `%=`, `**=`, `@=`, `&=`, `|=`, `^=`, `<<=`, `>>=`: they rebind a name) and walrus `:=`. FIXED: the
     original counted every "=" character, so the comparisons `==`, `!=`, `<=`, `>=` counted as assignments, and
-    so did "=" inside strings and comments. Stops counting after `stop_after` when given."""
+    so did "=" inside strings and comments.
+
+    Stops counting after `stop_after` when given (enough to decide the filter).
+    """
     count = 0
     for match in _ASSIGNMENT_SCAN.finditer(text):
         if match.group(1):
@@ -257,7 +260,8 @@ class TextFilter:
         if c.filter_no_keywords and has_no_keywords(text):
             if uniform_draw(self.seed, digest, "no_keywords") < c.no_keywords_drop_probability:
                 return "no_keywords"
-        if c.filter_few_assignments and count_assignments(text, stop_after=c.max_few_assignments) <= c.max_few_assignments:
+        limit = c.max_few_assignments
+        if c.filter_few_assignments and count_assignments(text, stop_after=limit) <= limit:
             return "few_assignments"
         return None
 

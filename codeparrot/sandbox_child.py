@@ -4,18 +4,21 @@ Loaded by `sandbox_server.py` (a `python -I -S` process); `run_program` is calle
 that already has its limits, namespaces and unprivileged uid (see `codeparrot/sandbox.py` for the layers).
 
 The verdict channel. A pass is the line `P <nonce>` on the result pipe. The 32-hex-digit nonce is read
-from a pipe the server fills after the fork, kept only in the audit hook's closure (never in argv, env,
-files, globals or any frame), and written by the hook when the audit event `codeparrot.report` is raised
-from the checker's own frame (the frame registered by the first `codeparrot.start` event, which the
-checker raises before any program code runs) after `check(candidate)` returned. So `sys.exit(0)`,
-`os._exit(0)`, printing "passed" or raising the event from program code never counts as a pass.
+from a pipe the server fills after the fork and kept only in the audit hook's closure (never in argv, env,
+files, globals, or any frame that program code can reach: the hook runs no program code, compares only
+exact builtin types, and turns any exception into a refusal, so no traceback leads into it). The hook
+writes it when the event `codeparrot.report` comes from the checker's own code (`_after_program`) called
+directly by the frame that raised the first `codeparrot.start`, before any program code ran; the checker
+raises it only after `check(candidate)` returned. So `sys.exit(0)`, `os._exit(0)`, printing "passed",
+writing a fake line to the pipe or raising the event from program code never counts as a pass.
 
 The checker's integrity. The test runs in its own namespace: builtins are a snapshot taken before the
 program ran (a completion that shadows or patches `abs`, `isinstance`, `len`, `AssertionError`... does not
-affect the test; `assert` itself raises the C-level AssertionError), prompt helpers the test calls (e.g.
-`poly` in HumanEval/32) come from executing the prompt alone, not from the completion's redefinitions, and
-modules the program imported are dropped from `sys.modules` so the test's own imports are fresh objects.
-Every builtin the checker uses after program code has run was bound to a local before.
+affect the test; `assert` itself raises the C-level AssertionError); prompt helpers the test calls (e.g.
+`poly` in HumanEval/32) come from executing the prompt alone, not from the completion's redefinitions;
+modules the prompt or test import that were already loaded get their pre-program contents back (undoing
+`math.fabs = ...`), and modules the program loaded are dropped so the test imports fresh ones. Everything
+the checker uses after program code has run was bound before it ran (a test checks the bytecode).
 
 Guard events refused always ("integrity"): ctypes, gc introspection (get_objects/referrers/referents),
 function/code construction, sys.settrace/setprofile/_current_frames/addaudithook, sub-interpreters,
@@ -61,6 +64,7 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
     a local here, so patching builtins or modules later cannot change what the hook does."""
     _read, _close, _write, _exit, _getpid = os.read, os.close, os.write, os._exit, os.getpid
     _getcwd, _getframe, _type, _str, _bytes, _int, _len = os.getcwd, sys._getframe, type, str, bytes, int, len
+    _BaseException = BaseException
     integrity, contain_events, path_events, no_import = _INTEGRITY, _CONTAIN, _PATH_EVENTS, _NO_IMPORT
     write_flags = _WRITE_FLAGS
     nonce = b""
@@ -100,12 +104,15 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
     def inside(path):
         return path is not None and (path == ws or path.startswith(ws + "/"))
 
-    def hook(event, args):
+    def exact(value, kind):
+        return _type(value) is kind  # identity: never calls program code (no __eq__/__hash__ of a subclass)
+
+    def check(event, args):
         if event in integrity or event.startswith("ctypes."):
             deny(event)
         if event == "open":
             path, mode, flags = args
-            if _type(path) is _int:
+            if exact(path, _int):
                 return
             full = absolute(path)
             if full is None:
@@ -114,17 +121,17 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
             if (full.startswith("/proc/") and tail == "mem") or (mode is None and tail == "mem"):
                 deny("open " + full)
             if contain:
-                writing = _type(flags) is _int and flags & write_flags
+                writing = exact(flags, _int) and flags & write_flags
                 if full.startswith("/proc/") or full == "/proc":
                     deny("open " + full)
                 if writing and (not inside(full) or (mode is None and not path.startswith(
-                        "/" if _type(path) is _str else b"/"))):  # os.open may carry a dir_fd we cannot see
+                        "/" if exact(path, _str) else b"/"))):  # os.open may carry a dir_fd we cannot see
                     deny("open for writing " + full)
         elif event == "codeparrot.start":
             if state[0] is None:
-                state[0] = _getframe(1)
+                state[0] = _getframe(2)
         elif event == "codeparrot.report":  # from `reporter`'s code, called directly by the registered frame
-            frame = _getframe(1)
+            frame = _getframe(2)
             if state[0] is not None and not state[1] and frame.f_code is reporter and frame.f_back is state[0]:
                 state[1] = True
                 _write(result_fd, b"P " + nonce + b"\n")
@@ -133,20 +140,29 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
         elif event in contain_events or event.startswith("socket."):
             deny(event)
         elif event == "import":
-            if args[0] in no_import:
-                deny("import " + args[0])
+            if not exact(args[0], _str) or args[0] in no_import:
+                deny("import of " + (args[0] if exact(args[0], _str) else "a non-string name"))
         elif event == "os.kill":
-            if args[0] != me:
+            if not exact(args[0], _int) or args[0] != me:
                 deny(event)
         elif event in path_events:
             where, dir_fd_at = path_events[event]
-            if dir_fd_at is not None and _len(args) > dir_fd_at and args[dir_fd_at] not in (None, -1, -100):
-                deny(event + " with dir_fd")
+            if dir_fd_at is not None and _len(args) > dir_fd_at:
+                dir_fd = args[dir_fd_at]
+                if not (dir_fd is None or (exact(dir_fd, _int) and (dir_fd == -1 or dir_fd == -100))):
+                    deny(event + " with dir_fd")
             for i in where:
-                if _type(args[i]) is _int or (event == "sqlite3.connect" and args[i] == ":memory:"):
+                if exact(args[i], _int) or (exact(args[i], _str) and event == "sqlite3.connect"
+                                            and args[i] == ":memory:"):
                     continue
                 if not inside(absolute(args[i])):
                     deny(event + " outside the workspace")
+
+    def hook(event, args):
+        try:
+            check(event, args)
+        except _BaseException as err:  # never let an exception (and its traceback to our frames) escape
+            deny("guard error " + _type(err).__name__)
 
     sys.addaudithook(hook)
 
@@ -167,7 +183,8 @@ def run_program(job: dict, result_fd: int) -> None:
     b = {"exec": exec, "compile": compile, "dict": dict, "set": set, "list": list, "type": type, "str": str,
          "BaseException": BaseException, "write": os.write, "exit": os._exit, "audit": sys.audit, "sys": sys,
          "setattr": setattr, "modules": sys.modules, "baseline": set(sys.modules),
-         "pristine": dict(builtins.__dict__), "result_fd": result_fd, "snapshots": snapshots, "vars": vars, "after": _after_program, "fail": _fail}
+         "pristine": dict(builtins.__dict__), "result_fd": result_fd, "snapshots": snapshots, "vars": vars,
+         "after": _after_program, "fail": _fail}
     b["audit"]("codeparrot.start")  # registers this frame as the only one allowed to report a pass
     try:
         program = compile(prompt + completion, "<program>", "exec")

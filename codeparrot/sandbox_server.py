@@ -20,7 +20,6 @@ kernel kill every process it started, grandchildren and `setsid` escapees includ
 wait returns. Without PID namespaces the program's process group is killed (the guard refuses fork then).
 """
 
-import ctypes
 import fcntl
 import gc
 import marshal
@@ -32,148 +31,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sandbox_child  # noqa: E402  (stdlib-only sibling; -I leaves the script's folder off sys.path)
+import sandbox_child  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+from sandbox_setup import (CLONE_NEWPID, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS,  # noqa: E402
+                           PR_SET_PDEATHSIG, drop_capabilities, prctl, probe, refusal, setup, unshare)
 
 sys.path.pop(0)
-
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442  # 442 on every arch
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
-WATCHDOG_ERROR, SETUP_ERROR = 250, 251
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-
-def _ok(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _enc(value):
-    return None if value is None else value.encode()
-
-
-def unshare(flags: int) -> None:
-    _ok(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
-
-
-def mount(source, target, fstype, flags: int, data=None) -> None:
-    _ok(_libc.mount(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data)), f"mount {target}")
-
-
-def set_readonly(path: str, readonly: bool, recursive: bool) -> None:
-    """mount_setattr(2): make the mount at `path` (and every mount below it) read-only, or writable."""
-    attr = _MountAttr(MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else MOUNT_ATTR_RDONLY, 0, 0)
-    ret = _libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), path.encode(),
-                        ctypes.c_uint(AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
-                        ctypes.c_size_t(ctypes.sizeof(attr)))
-    _ok(ret, f"mount_setattr {path}")
-
-
-def prctl(option: int, arg: int) -> None:
-    _ok(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0)), f"prctl({option})")
-
-
-def drop_capabilities() -> None:
-    """capset(2) with empty effective/permitted/inheritable sets (user-namespace mode, where the program
-    keeps our uid but must not keep the namespace's capabilities that would let it remount things)."""
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = (ctypes.c_uint32 * 6)()
-    _ok(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
-
-
-def _probe(fn) -> bool:
-    """Run `fn` in a throwaway child: does the kernel let us do it?"""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            fn()
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    return os.waitpid(pid, 0)[1] == 0
-
-
-def _can_read_stdlib(uid: int) -> bool:
-    """Can `uid` import from the interpreter's stdlib folders? (Not when they live under /root, 0700.)"""
-    folders = [path for path in sys.path if os.path.isdir(path)]  # as root: isdir is False when unreachable
-
-    def check():
-        os.setresuid(uid, uid, uid)
-        for path in folders:
-            os.listdir(path)
-    return _probe(check)
-
-
-def _stdlib_binds(ws: str) -> list[tuple[str, str]]:
-    """(stdlib folder, its read-only bind inside the workspace tmpfs) for every folder on sys.path."""
-    return [(path, os.path.join(ws, f".python-{i}")) for i, path in enumerate(sys.path) if os.path.isdir(path)]
-
-
-def setup(cfg: dict) -> dict:
-    """Enter the namespaces the kernel allows; return which layers are active (probed, never assumed)."""
-    layers = {"user_namespace": False, "network_namespace": False, "mount_namespace": False,
-              "readonly_root": False, "workspace_tmpfs": False, "pid_namespace": False, "uid": None,
-              "guard": bool(cfg["guard"]), "sys_path": list(sys.path), "path_map": [], "notes": []}
-    root, ws = os.geteuid() == 0, cfg["workspace"]
-    uid = int(cfg["uid"]) if root and cfg.get("uid") is not None else None
-    if uid is not None and not _probe(lambda: (os.setgroups([]), os.setresgid(uid, uid, uid),
-                                               os.setresuid(uid, uid, uid))):
-        layers["notes"].append(f"cannot switch to uid {uid}: programs run as root")
-        uid = None
-    binds = _stdlib_binds(ws) if uid is not None and not _can_read_stdlib(uid) else []
-    if cfg["namespaces"]:
-        if not root:
-            me, group = os.getuid(), os.getgid()
-            try:
-                unshare(CLONE_NEWUSER)
-                for name, text in (("setgroups", "deny"), ("uid_map", f"{me} {me} 1"), ("gid_map", f"{group} {group} 1")):
-                    with open(f"/proc/self/{name}", "w") as f:
-                        f.write(text)
-                layers["user_namespace"] = True
-            except OSError as err:
-                layers["notes"].append(f"no user namespace ({err}): namespaces need root or user namespaces")
-        if root or layers["user_namespace"]:
-            try:
-                unshare(CLONE_NEWNET)
-                layers["network_namespace"] = True
-            except OSError as err:
-                layers["notes"].append(f"no network namespace ({err})")
-            try:
-                unshare(CLONE_NEWNS)
-                layers["mount_namespace"] = True
-                mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks to the host
-                try:
-                    mount("tmpfs", ws, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['workspace_mb'])}m,mode=0711")
-                    layers["workspace_tmpfs"] = True
-                except OSError:
-                    mount(ws, ws, None, MS_BIND)  # the workspace as its own mount, so it can stay writable
-                for source, target in binds:  # a stdlib the private uid cannot reach (e.g. under /root)
-                    os.mkdir(target, 0o755)
-                    mount(source, target, None, MS_BIND)
-                    layers["sys_path"][sys.path.index(source)] = target
-                    layers["path_map"].append((source, target))
-                binds = []
-                set_readonly("/", readonly=True, recursive=True)
-                set_readonly(ws, readonly=False, recursive=False)  # its stdlib binds stay read-only
-                layers["readonly_root"] = True
-            except OSError as err:
-                layers["notes"].append(f"mount namespace incomplete ({err}): writes are confined by uid/guard only")
-            layers["pid_namespace"] = _probe(lambda: unshare(CLONE_NEWPID))
-    if binds:
-        layers["notes"].append(f"uid {uid} cannot read the stdlib and there is no mount namespace: programs run as root")
-        uid = None
-    layers["uid"] = uid
-    layers["sys_path"] = [p for p in layers["sys_path"] if os.path.isdir(p)]
-    return layers
+WATCHDOG_ERROR, SETUP_ERROR = 250, 251  # exit codes of our own failures (never a program's verdict)
 
 
 # ------------------------------------------------------------------------------------------------ per job
@@ -243,7 +106,8 @@ def _program(cfg, layers, job, nonce_r, res_w) -> None:
         os.environ.clear()
         os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
         sys.modules["__main__"] = type(sys)("__main__")
-        sys.modules.pop("sandbox_child", None)
+        for name in ("sandbox_child", "sandbox_setup"):  # our code: not for the program to import
+            sys.modules.pop(name, None)
         sys.path[:] = layers["sys_path"]
         sys.path_importer_cache.clear()
         _remap_packages(layers["path_map"])
@@ -332,7 +196,7 @@ def _sweep_uid(uid: int) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.002)
-    _probe(killer)
+    probe(killer)
 
 
 _SIGNAL_DETAIL = {signal.SIGXCPU: "CPU time limit (SIGXCPU)", signal.SIGXFSZ: "file size limit (SIGXFSZ)",
@@ -410,18 +274,6 @@ def run_job(cfg: dict, layers: dict, job: dict) -> dict:
     return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4)}
 
 
-def _refusal(cfg: dict, layers: dict) -> str:
-    """Why these layers are not enough to run anything ("" when they are). Root without the private uid
-    could undo every namespace and kill every process on the machine: never without an explicit opt-in."""
-    notes = "; ".join(layers["notes"])
-    if os.geteuid() == 0 and layers["uid"] is None and not cfg.get("allow_root"):
-        return ("programs would run as root (" + (notes or "drop_privileges is off") + "); fix that, or "
-                "accept the audit-hook guard as the only barrier with allow_root")
-    if layers["uid"] is None and not layers["user_namespace"] and not cfg["guard"]:
-        return "no isolation layer is active and the guard is off: refusing to run programs unsandboxed"
-    return ""
-
-
 def _send(obj: dict) -> None:
     """One frame: 8-byte little-endian length, then `marshal` of `obj` (same interpreter on both ends)."""
     payload = marshal.dumps(obj)
@@ -452,9 +304,9 @@ def main() -> None:
     cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a killed watchdog come to us, not to the system's init
     layers = setup(cfg)
-    refusal = _refusal(cfg, layers)
-    if refusal:
-        _send({"error": refusal})
+    refused = refusal(cfg, layers)
+    if refused:
+        _send({"error": refused})
         return
     gc.freeze()  # forked children then do not touch (copy) the server's objects when they collect
     _send({"hello": layers})

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from codeparrot.checkpointing import (TrainerState, list_checkpoints, load_checkpoint, read_state,
-                                      resolve_resume, save_checkpoint)
+from codeparrot.checkpointing import (TrainerState, list_checkpoints, read_data_position, read_state,
+                                      resolve_resume, restore_training_state, save_checkpoint)
 from codeparrot.atomic_io import ensure_writable_dir
 from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.evaluation import EvalResult, evaluate
+from codeparrot.evaluation import EvalResult, evaluate, skip_padding_check
 from codeparrot.mfu import model_flops_per_token, mfu, peak_flops
 from codeparrot.optim import build_optimizer, build_scheduler
 from codeparrot.train_config import TrainConfig
@@ -48,11 +48,11 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 
     Everything that can be wrong with the inputs is checked before the first forward pass."""
     from accelerate import Accelerator, PartialState
-    from accelerate.utils import ProjectConfiguration, set_seed
+    from accelerate.utils import ProjectConfiguration, parse_flag_from_env, set_seed
     from tqdm.auto import tqdm
 
     # ---- 1. inputs, checked before any compute ----
-    state = PartialState()
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() would read it
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
     accum = cfg.accumulation_steps(world)  # one-line error when the budget does not divide
     run_dir = cfg.run_dir()
@@ -90,9 +90,11 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     step, tokens_seen = 0, 0
     tokens_per_step = cfg.tokens_per_step(world)
     metrics = MetricsFile(run_dir, enabled=main)
+    if checkpoint is not None:  # the next batch is the first one the checkpointed run had not consumed
+        train_loader.load_state_dict(read_data_position(checkpoint, rank))
+    train_iter = iter(train_loader)  # before restoring the RNG: starting loader workers draws a seed from it
     if checkpoint is not None:
-        trainer_state, data_state = load_checkpoint(accelerator, checkpoint)
-        train_loader.load_state_dict(data_state)
+        trainer_state = restore_training_state(accelerator, checkpoint)
         step, tokens_seen = trainer_state.step, trainer_state.tokens_seen
         metrics.truncate_after(step)
         accelerator.print(f"resumed from {checkpoint}: step {step}, {tokens_seen:,} tokens seen, "
@@ -110,7 +112,6 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     # ---- 3. the loop ----
     result = TrainResult(run_dir, step, tokens_seen)
     model.train()
-    train_iter = iter(train_loader)
     loss_sum = torch.zeros((), device=device)  # sum of micro-batch mean losses since the last log line
     micro_steps, grad_norm = 0, None
     clock, clock_steps = time.perf_counter(), 0
@@ -267,16 +268,25 @@ def load_model(cfg: TrainConfig, model_dir: Path):
     # A fixed loss type: otherwise transformers resolves it on every forward (a graph break under torch.compile).
     model.loss_type = model.config.loss_type = "ForCausalLM"
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}  # the non-reentrant variant works with DDP and torch.compile
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False  # no KV cache while training
+    skip_padding_check(model)  # a host sync per forward otherwise
     return model
 
 
 def run_eval(cfg: TrainConfig, model, valid_ds, accelerator, device) -> EvalResult:
+    """A fresh pass over this process's validation shard. Run inside a forked RNG so that evaluating (its
+    loader workers draw a seed) never changes the training run's random stream: same weights with or without
+    evaluation, and exact resumes whatever eval_steps is."""
     batch_size = cfg.eval.micro_batch_size or cfg.batch.micro_batch_size
-    loader = make_loader(cfg, valid_ds, batch_size, device)  # a fresh pass over this process's shard
-    return evaluate(model, loader, accelerator, max_steps=cfg.eval.max_eval_steps,
-                    dummy_shape=(batch_size, cfg.data.seq_length))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        loader = make_loader(cfg, valid_ds, batch_size, device)
+        return evaluate(model, loader, accelerator, max_steps=cfg.eval.max_eval_steps,
+                        dummy_shape=(batch_size, cfg.data.seq_length))
 
 
 def log(accelerator, metrics: MetricsFile, entry: dict) -> None:

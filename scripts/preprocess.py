@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import signal
 import sys
 import typing
+from typing import Any
 
 from codeparrot.errors import run_cli
 from codeparrot.filters import FilterConfig, filter_config_from_args
-from codeparrot.preprocess import PreprocessConfig, format_summary, preprocess
+from codeparrot.preprocess import PreprocessConfig, available_cores, preprocess
 
 
 def _add_filter_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,10 +33,10 @@ def _add_filter_flags(parser: argparse.ArgumentParser) -> None:
         tp = hints[f.name]
         if tp is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                               help=f.metadata["help"] + " (default: on)")
+                               help=f.metadata["help"].replace("%", "%%") + " (default: on)")
         else:
             group.add_argument(flag, type=tp, default=f.default, metavar=tp.__name__.upper(),
-                               help=f.metadata["help"] + " (default: %(default)s)")
+                               help=f.metadata["help"].replace("%", "%%") + " (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "globs; repeatable")
     parser.add_argument("--output-dir", required=True, help="output folder (replaced atomically at the end)")
     parser.add_argument("--near-dedup", action="store_true", help="also remove near duplicates (MinHash LSH)")
-    parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--num-workers", type=int, default=available_cores(),
                         help="worker processes for filtering, decontamination and MinHash; 0 runs everything in "
                              "this process; the output is identical for every value (default: %(default)s, the "
                              "core count)")
@@ -75,6 +75,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_filter_flags(parser)
     return parser
+
+
+def format_summary(stats: dict[str, Any]) -> str:
+    """The human summary: files kept and removed by reason, then seconds and throughput per stage."""
+    rows = [(f"bad records: {r}", c) for r, c in stats["bad_records"].items()]
+    rows.append(("exact duplicates", stats["exact_duplicates"]))
+    rows += [(f"filtered: {r}", c) for r, c in stats["filtered"].items()]
+    rows.append(("HumanEval decontamination", stats["decontaminated"]))
+    if stats["config"]["near_dedup"]:
+        rows.append((f"near duplicates ({stats['near_duplicate_clusters']} clusters)", stats["near_duplicates"]))
+    rows += [("kept: train", stats["kept_train"]), ("kept: valid", stats["kept_valid"])]
+    total, width = max(stats["input_records"], 1), max(len(name) for name, _ in rows) + 2
+    lines = [f"  {'':<{width}}{'files':>9}  {'share':>6}"]
+    lines += [f"  {name:<{width}}{count:>9,}  {100 * count / total:5.1f}%" for name, count in rows]
+    lines.append(f"  {'input records':<{width}}{stats['input_records']:>9,}  -> "
+                 f"{stats['kept_train'] + stats['kept_valid']:,} kept; {stats['bytes_in'] / 1e6:.1f} MB in, "
+                 f"{stats['bytes_out'] / 1e6:.1f} MB out")
+    lines += [f"  first '{reason}' at {where}" for reason, where in stats["bad_record_examples"].items()]
+    lines.append(f"  {'stage':<14}{'seconds':>9}{'files/s':>10}{'MB/s':>8}")
+    for stage, sec in stats["seconds"].items():
+        fps, mbs = stats["files_per_second"].get(stage), stats["mb_per_second"].get(stage)
+        lines.append(f"  {stage:<14}{sec:>9.2f}{'' if fps is None else f'{fps:,.0f}':>10}"
+                     f"{'' if mbs is None else f'{mbs:.1f}':>8}")
+    lines.append("  (stages in CPU seconds, files/s per core; filters, decontaminate and minhash summed over workers; "
+                 "pass1, pass2, total wall-clock)")
+    return "\n".join(lines)
 
 
 def main() -> int:

