@@ -86,6 +86,7 @@ def collect_summary(out: Path, timings: dict[str, float]) -> dict:
             "bad_records": stats.get("bad_records", {}),
             "exact_duplicates": stats.get("exact_duplicates"),
             "near_duplicates": stats.get("near_duplicates"),
+            "decontaminated": stats.get("decontaminated"),
             "filtered": stats.get("filtered", {}),
             "kept_train": stats.get("kept_train"),
             "kept_valid": stats.get("kept_valid"),
@@ -109,6 +110,7 @@ def print_summary(out: Path, timings: dict[str, float]) -> dict:
     f = s["files"]
     removed = {**{f"bad: {k}": v for k, v in (f["bad_records"] or {}).items()},
                "exact duplicate": f["exact_duplicates"], "near duplicate": f["near_duplicates"],
+               "HumanEval decontamination": f["decontaminated"],
                **{f"filter: {k}": v for k, v in (f["filtered"] or {}).items()}}
     lines = ["", "=" * 72, "CodeParrot demo summary", "=" * 72,
              f"files: {_fmt(f['input_records'])} in, kept {_fmt(f['kept_train'])} train + {_fmt(f['kept_valid'])} valid"]

@@ -116,9 +116,10 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
 
     if batch_size <= 0 or (max_eval_steps == 0 or max_eval_steps < -1):
         raise CodeParrotError(f"batch size must be > 0 and max eval steps -1 or > 0, got {batch_size}, {max_eval_steps}")
-    model_dir = resolve_model_dir(model_ref, revision)
-    tokenizer = load_tokenizer(tokenizer_ref or str(model_dir))
     accelerator = Accelerator(mixed_precision=mixed_precision)
+    with accelerator.local_main_process_first():  # materialize a repository revision once per node
+        model_dir = resolve_model_dir(model_ref, revision)
+        tokenizer = load_tokenizer(tokenizer_ref or str(model_dir))
     model = load_pretrained_model(str(model_dir), dtype=torch.float32)
     skip_padding_check(model)
     n_positions = model.config.n_positions

@@ -60,7 +60,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     if checkpoint is not None and read_state(checkpoint).world_size != world:
         raise CodeParrotError(f"{checkpoint} was written by {read_state(checkpoint).world_size} processes; resume it "
                               f"with that many, not {world} (each process has its own data position)")
-    tokenizer, model_dir = load_tokenizer_checked(cfg)
+    with state.local_main_process_first():  # materialize a repository revision once per node
+        tokenizer, model_dir = load_tokenizer_checked(cfg)
     train_ds, valid_ds = build_datasets(cfg, tokenizer, rank, world)
     if inspect_batches:
         if main:
@@ -146,14 +147,14 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             loss_mean = accelerator.reduce(loss_sum / micro_steps, reduction="mean").item()  # one sync per log
             elapsed = time.perf_counter() - clock
             tokens_per_s = clock_steps * tokens_per_step / elapsed
-            entry = {"step": step, "tokens_seen": tokens_seen, "loss": loss_mean,
-                     "lr": lr,
+            entry = {"step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr,
                      "grad_norm": float(grad_norm), "ms_per_step": 1000 * elapsed / clock_steps,
                      "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops_per_token, peak, world),
                      "memory_gib": memory_gib(device)}
             log(accelerator, metrics, entry)
             if main:
                 bar.write(console_line(entry, cfg.max_steps))
+                bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tokens_per_s:,.0f}")
             loss_sum.zero_()
             micro_steps = 0
             clock, clock_steps = time.perf_counter(), 0

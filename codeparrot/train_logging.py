@@ -65,7 +65,7 @@ def start_trackers(accelerator, names: list[str], project: str, config: dict, ru
 
     Returns the names that started. `config` must already be redacted."""
     started = []
-    init_kwargs = {"wandb": {"dir": str(run_dir), "name": run_name, "resume": "allow"}}
+    init_kwargs = {"wandb": {"dir": str(run_dir), "name": run_name}}
     requested = list(names)
     for name in requested:
         before = len(accelerator.trackers)
