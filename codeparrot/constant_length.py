@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.record_sources import (HubRecordStream, LocalRecordStream, check_has_records,
-                                       resolve_data_files)
+from codeparrot.data_files import resolve_data_files
+from codeparrot.record_sources import HubRecordStream, LocalRecordStream, check_has_records
 
 STATE_VERSION = 1
 EOS_TOKEN = "<|endoftext|>"
@@ -112,12 +112,12 @@ class ConstantLengthDataset(torch.utils.data.IterableDataset):
         if hub_dataset is None:
             if data_files is None:
                 raise CodeParrotError("ConstantLengthDataset needs data_files or hub_dataset")
-            self.files: list[str] | None = resolve_data_files(data_files)
+            self.files: list[str] | None = [os.fspath(p) for p in resolve_data_files(data_files)]
             self.label = os.fspath(data_files) if isinstance(data_files, (str, os.PathLike)) else \
                 f"{len(self.files)} files"
             check_has_records(self.files, text_column, str(self.label))
         else:
-            self.files = None if data_files is None else resolve_data_files(data_files)
+            self.files = None if data_files is None else [os.fspath(p) for p in resolve_data_files(data_files)]
             self.label = hub_dataset
             HubRecordStream(hub_dataset, split, self.files, text_column, 0, 1)  # fail now if it cannot be streamed
         self._resume: dict | None = None  # a loaded state, used by the next __iter__

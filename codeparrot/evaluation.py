@@ -17,6 +17,8 @@ from typing import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
+from codeparrot.fused_loss import causal_lm_loss
+
 IGNORE_INDEX = -100
 
 
@@ -28,8 +30,13 @@ class EvalResult:
     batches: int  # eval steps taken (each process ran this many forwards, real or dummy)
 
 
-def token_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of next-token cross-entropies, number of predicted tokens) of one batch [B, T]; fp32 on device."""
+def token_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor,
+                   head_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of next-token cross-entropies, number of predicted tokens) of one batch [B, T]; fp32 on device.
+
+    With `head_weight` (the LM head's weight) the fused chunked path is used (no [B, T, V] logits)."""
+    if head_weight is not None:
+        return causal_lm_loss(model, head_weight, input_ids, labels)
     logits = model(input_ids=input_ids).logits  # [B, T, V]
     targets = labels[:, 1:].reshape(-1)  # token t predicts t+1: [B·(T-1)]
     loss_sum = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets,
@@ -39,12 +46,13 @@ def token_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tupl
 
 @torch.no_grad()
 def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int = -1,
-             dummy_shape: tuple[int, int] | None = None) -> EvalResult:
+             dummy_shape: tuple[int, int] | None = None, head_weight: torch.Tensor | None = None) -> EvalResult:
     """Validation loss of `model` over this process's `batches` (LongTensor [B, T], labels = inputs) and the
     other processes' ones: `max_steps` eval steps (each process one batch per step), or -1 for all of them.
 
     `dummy_shape` [B, T] is the masked batch a process forwards after its data ran out (default: the shape of
-    its last real batch; required only when a process may have no data at all)."""
+    its last real batch; required only when a process may have no data at all). `head_weight`: see
+    `token_loss_sum`."""
     device = accelerator.device
     was_training = model.training
     model.eval()
@@ -69,7 +77,7 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
                 raise ValueError("evaluate: a process had no validation data and no dummy_shape was given")
             input_ids = torch.zeros(shape, dtype=torch.long, device=device)
             labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long, device=device)
-        batch_loss, batch_count = token_loss_sum(model, input_ids, labels)
+        batch_loss, batch_count = token_loss_sum(model, input_ids, labels, head_weight)
         loss_sum += batch_loss.double()
         count += batch_count
         steps += 1
@@ -81,6 +89,15 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
         model.train()
     loss = total_loss / total_count if total_count else float("nan")
     return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps)
+
+
+def fused_head_weight(accelerator, model) -> torch.Tensor | None:
+    """The LM head weight [V, D] for the fused loss, or None where the parameters are sharded (FSDP/DeepSpeed)."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return None
+    return accelerator.unwrap_model(model).get_output_embeddings().weight
 
 
 def skip_padding_check(model) -> None:
@@ -134,7 +151,9 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     loader = build_dataloader(data, batch_size=batch_size, num_workers=num_workers,
                               pin_memory=accelerator.device.type == "cuda")
     model = accelerator.prepare(model)
-    result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length))
+    head = fused_head_weight(accelerator, model)
+    result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length),
+                      head_weight=head)
     accelerator.end_training()
     return {"model": model_ref, "revision": revision, "dataset": str(dataset), "seq_length": seq_length,
             "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.data_files import resolve_data_files
 from codeparrot.errors import CodeParrotError
 from codeparrot.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
 from codeparrot.filters import REASONS, FilterConfig, TextFilter, TokenCounter
-from codeparrot.records import (FILE_LEVEL_REASONS, BadRecords, ShardWriter, ensure_replaceable, iter_raw_records,
-                                resolve_inputs)
+from codeparrot.records import FILE_LEVEL_REASONS, BadRecords, ShardWriter, ensure_replaceable, iter_raw_records
 
 OUTPUT_ENTRIES = ["train", "valid", "stats.json", "duplicate_clusters.json"]
 DECONTAMINATED = "decontaminated:"  # prefix of a worker's reason for a contaminated file
@@ -366,7 +366,7 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     """Run the whole pipeline into `cfg.output_dir` (atomically); returns the stats also saved as stats.json."""
     cfg.validate()
     start = time.perf_counter()
-    paths = resolve_inputs(cfg.inputs)
+    paths = resolve_data_files(cfg.inputs)
     out = Path(cfg.output_dir)
     ensure_replaceable(out, OUTPUT_ENTRIES, "a preprocess output")
     if cfg.tokenizer:

@@ -27,7 +27,6 @@ import multiprocessing
 import os
 import shutil
 import time
-import zlib
 from collections import deque
 from pathlib import Path
 from typing import Iterator
@@ -37,8 +36,9 @@ import torch
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.constant_length import encode_with_eos, eos_token_id, token_dtype, vocab_size_of
+from codeparrot.data_files import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
-from codeparrot.record_sources import _open_lines, check_has_records, parse_record, resolve_data_files
+from codeparrot.record_sources import check_has_records, parse_record
 
 INDEX_NAME = "index.json"
 TOKENS_NAME = "tokens.bin"
@@ -105,19 +105,12 @@ def _batches(files: list[str], text_column: str, batch_size: int, start_file: in
     """(file index, line after the batch, texts) for batches of up to `batch_size` records of one file each,
     starting at line `start_line` of file `start_file` (earlier lines are skipped, not parsed)."""
     for file_idx in range(start_file, len(files)):
-        path, skip = files[file_idx], start_line if file_idx == start_file else 0
-        texts, line = [], 0
-        try:
-            with _open_lines(path) as fh:
-                for line, raw in enumerate(fh, start=1):
-                    if line <= skip or raw.isspace():
-                        continue
-                    texts.append(parse_record(raw, text_column, path, line))
-                    if len(texts) >= batch_size:
-                        yield file_idx, line, texts
-                        texts = []
-        except (OSError, EOFError, zlib.error) as err:
-            raise CodeParrotError(f"{path}: truncated or corrupt after line {line} ({err})") from None
+        path, texts = files[file_idx], []
+        for line, raw in iter_record_lines(path, start_line if file_idx == start_file else 0):
+            texts.append(parse_record(raw, text_column, path, line))
+            if len(texts) >= batch_size:
+                yield file_idx, line, texts
+                texts = []
         yield file_idx, -1, texts  # -1: the file is done (possibly with an empty last batch)
 
 
@@ -135,7 +128,7 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
 
     if num_workers < 1 or batch_size < 1:
         raise CodeParrotError(f"num_workers and batch_size must be >= 1, got {num_workers} and {batch_size}")
-    files = resolve_data_files(data_files)
+    files = [os.fspath(p) for p in resolve_data_files(data_files)]
     check_has_records(files, text_column, str(data_files))
     output_dir = Path(output_dir)
     ensure_writable_dir(output_dir.parent if str(output_dir.parent) else Path("."))

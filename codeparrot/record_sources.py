@@ -1,4 +1,5 @@
-"""Where training text comes from: data-file resolution and two record streams with an exact, cheap cursor.
+"""Where training text comes from: two record streams with an exact, cheap cursor (which files a path names and
+how a line is parsed: `codeparrot.data_files`, shared with every other stage).
 
 Every stream serves one *reader* (one rank's one DataLoader worker) out of `n_readers`, so no process ever reads,
 parses or tokenizes records that belong to another:
@@ -17,85 +18,33 @@ nothing that was consumed, and the split by record needs no help from the librar
 
 from __future__ import annotations
 
-import glob
-import gzip
-import json
-import os
-import zlib
-from pathlib import Path
-from typing import IO, Iterable
+from typing import Iterator
 
 import numpy as np
 
+from codeparrot.data_files import BadRecord, iter_record_lines, parse_record_line
 from codeparrot.errors import CodeParrotError
-
-DATA_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-
-
-def _is_data_file(path: str) -> bool:
-    return path.endswith(DATA_SUFFIXES) and os.path.isfile(path)
-
-
-def resolve_data_files(data_files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    """Expand a directory (its .json/.jsonl[.gz] files, not recursive), a glob or a list of those into a sorted,
-    de-duplicated file list; one-line `CodeParrotError` when a path is missing or nothing matches."""
-    items = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
-    if not items:
-        raise CodeParrotError("no dataset path given")
-    files: list[str] = []
-    for item in items:
-        item = os.fspath(item)
-        if os.path.isdir(item):
-            found = sorted(str(p) for p in Path(item).iterdir() if _is_data_file(str(p)))
-            if not found:
-                subdirs = sorted(p.name for p in Path(item).iterdir() if p.is_dir())
-                hint = f" (it has subfolders {', '.join(subdirs)}: pass one of them)" if subdirs else ""
-                raise CodeParrotError(f"no data files ({', '.join(DATA_SUFFIXES)}) in {item}{hint}")
-        elif glob.has_magic(item):
-            found = sorted(p for p in glob.glob(item, recursive=True) if _is_data_file(p))
-            if not found:
-                raise CodeParrotError(f"no data files ({', '.join(DATA_SUFFIXES)}) match {item}")
-        elif os.path.isfile(item):
-            found = [item]
-        else:
-            raise CodeParrotError(f"dataset path {item} does not exist")
-        files.extend(found)
-    return list(dict.fromkeys(files))  # keeps first-seen order, drops repeats
-
-
-def _open_lines(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def parse_record(raw: bytes, text_column: str, path: str, line: int) -> str:
-    """The text field of one JSON line; `CodeParrotError` naming file:line when it is not a JSON object with a
-    string `text_column`."""
+    """The text field of one JSON line; `CodeParrotError` naming file:line and the reason when it is not a JSON
+    object with a string `text_column` (`codeparrot.data_files.parse_record_line`)."""
     try:
-        record = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CodeParrotError(f"{path}:{line}: not a JSON record ({err})") from None
-    if not isinstance(record, dict):
-        raise CodeParrotError(f"{path}:{line}: expected a JSON object per line, got {type(record).__name__}")
-    text = record.get(text_column)
-    if not isinstance(text, str):
-        if text_column not in record:
-            raise CodeParrotError(f"{path}:{line}: no '{text_column}' field (fields: {', '.join(sorted(record))})")
-        raise CodeParrotError(f"{path}:{line}: '{text_column}' is {type(text).__name__}, not a string")
-    return text
+        return parse_record_line(raw, text_column)[1]
+    except BadRecord as err:
+        raise CodeParrotError(f"{path}:{line}: {err}") from None
 
 
 def check_has_records(files: list[str], text_column: str, label: str) -> None:
     """Fail early (one line naming `label`) when no file holds a record, or the first record lacks the column.
     Reads only up to the first non-blank line, so it costs nothing on a real corpus."""
     for path in files:
-        try:
-            with _open_lines(path) as fh:
-                for line_no, raw in enumerate(fh, start=1):
-                    if not raw.isspace():
-                        parse_record(raw, text_column, path, line_no)
-                        return
-        except (OSError, EOFError, zlib.error) as err:
-            raise CodeParrotError(f"{path}: cannot read ({err})") from None
+        lines = iter_record_lines(path)
+        first = next(lines, None)
+        lines.close()
+        if first is not None:
+            parse_record(first[1], text_column, path, first[0])
+            return
     raise CodeParrotError(f"no records in {label} ({len(files)} file(s), all empty)")
 
 
@@ -116,7 +65,7 @@ class LocalRecordStream:
         self.reader_id, self.n_readers = reader_id, n_readers
         self.by_shard = len(files) >= n_readers
         self.shuffle_files, self.seed = shuffle_files, seed
-        self._fh: IO[bytes] | None = None
+        self._lines: Iterator[tuple[int, bytes]] | None = None  # (line number, line) of the open file
         self.start_epoch(0)
 
     def start_epoch(self, epoch: int) -> None:
@@ -126,53 +75,30 @@ class LocalRecordStream:
         self.close()
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-    def _open_current(self, skip_lines: int) -> None:
-        path = self.epoch_files[self.file_pos]
-        try:
-            self._fh = _open_lines(path)
-            for _ in range(skip_lines):  # resume: decompress only, no JSON parsing
-                if not self._fh.readline():
-                    raise CodeParrotError(f"{path}: has fewer than {skip_lines} lines; the data changed since the "
-                                          "checkpoint was saved")
-        except (OSError, EOFError, zlib.error) as err:
-            raise CodeParrotError(f"{path}: cannot read ({err})") from None
-        self.line = skip_lines
+        if self._lines is not None:
+            self._lines.close()
+            self._lines = None
 
     def next_text(self) -> str | None:
         """The next text of this reader's part, or None at the end of the epoch."""
-        while True:
-            if self._fh is None:
-                if self.file_pos >= len(self.epoch_files):
-                    return None
-                self._open_current(0)
+        while self.file_pos < len(self.epoch_files):
             path = self.epoch_files[self.file_pos]
-            try:
-                raw = self._fh.readline()
-            except (OSError, EOFError, zlib.error) as err:
-                raise CodeParrotError(f"{path}: truncated or corrupt after line {self.line} ({err})") from None
-            if not raw:
-                self.close()
-                self.file_pos, self.line = self.file_pos + 1, 0
-                continue
-            self.line += 1
-            if raw.isspace():
-                continue
-            index, self.record = self.record, self.record + 1
-            if self.by_shard or index % self.n_readers == self.reader_id:
-                return parse_record(raw, self.text_column, path, self.line)
+            if self._lines is None:  # resume: the first `line` lines are decompressed, not parsed
+                self._lines = iter_record_lines(path, start_line=self.line)
+            for self.line, raw in self._lines:
+                index, self.record = self.record, self.record + 1
+                if self.by_shard or index % self.n_readers == self.reader_id:
+                    return parse_record(raw, self.text_column, path, self.line)
+            self.close()
+            self.file_pos, self.line = self.file_pos + 1, 0
+        return None
 
     def state_dict(self) -> dict:
         return {"file_pos": self.file_pos, "line": self.line, "record": self.record}
 
     def load_state_dict(self, epoch: int, state: dict) -> None:
         self.start_epoch(epoch)
-        self.file_pos, self.record = int(state["file_pos"]), int(state["record"])
-        if state["line"] and self.file_pos < len(self.epoch_files):
-            self._open_current(int(state["line"]))
+        self.file_pos, self.line, self.record = int(state["file_pos"]), int(state["line"]), int(state["record"])
 
 
 class HubRecordStream:

@@ -17,11 +17,13 @@ which also remembers the first `file:line` of each reason so the user can look a
 - `truncated gzip` / `corrupt gzip`: the compressed stream ends early or is damaged; the rest of the file
   is lost, the lines before it are kept
 - `unreadable file`: an I/O error while reading
+
+Which files a path names and how one line is parsed are shared with every other stage (`codeparrot.data_files`:
+`resolve_data_files`, `parse_record_line`); this module adds the counting reader and the shard writer.
 """
 
 from __future__ import annotations
 
-import glob
 import gzip
 import json
 import os
@@ -33,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
 
+from codeparrot.data_files import BadRecord, open_data_file, parse_record_line
 from codeparrot.errors import CodeParrotError
 
-INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 FILE_LEVEL_REASONS = {"empty file", "truncated gzip", "corrupt gzip", "unreadable file"}  # count files, not lines
 SHARD_PATTERN = "file-{index:012d}.json.gz"  # CodeParrot's shard names: file-000000000001.json.gz, ...
 
@@ -75,61 +77,6 @@ class BadRecords:
         return [f"{reason}: {count} (first at {self.first[reason]})" for reason, count in sorted(self.counts.items())]
 
 
-def _is_input_file(path: Path) -> bool:
-    return path.name.endswith(INPUT_SUFFIXES) and path.is_file()
-
-
-def _files_under(directory: Path) -> list[Path]:
-    """Input files below `directory` (recursively), sorted; hidden folders (e.g. an unfinished output's
-    `.name.tmp-*`) and hidden files are skipped."""
-    found = []
-    for p in directory.rglob("*"):
-        if not any(part.startswith(".") for part in p.relative_to(directory).parts) and _is_input_file(p):
-            found.append(p)
-    return sorted(found)
-
-
-def resolve_inputs(specs: Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand files, directories (searched recursively) and globs into a sorted, de-duplicated file list.
-
-    Directories (recursively, hidden folders skipped) and globs contribute their `.json`, `.jsonl`, `.json.gz`
-    and `.jsonl.gz` files; a file named explicitly is taken whatever its suffix. A missing path, an unreadable
-    file or a spec that matches nothing is a one-line `CodeParrotError`. Order: each spec's files sorted by
-    path, specs in the order given (deterministic).
-    """
-    specs = [os.fspath(s) for s in specs]
-    if not specs:
-        raise CodeParrotError("no input given (--input PATH_OR_GLOB)")
-    files: list[Path] = []
-    for spec in specs:
-        path = Path(spec).expanduser()
-        if path.is_dir():
-            found = _files_under(path)
-            if not found:
-                raise CodeParrotError(f"no input files ({', '.join(INPUT_SUFFIXES)}) in directory {spec}")
-        elif glob.has_magic(spec):
-            found = []
-            for match in sorted(glob.glob(os.path.expanduser(spec), recursive=True)):
-                p = Path(match)
-                found.extend(_files_under(p) if p.is_dir() else [p] if _is_input_file(p) else [])
-            if not found:
-                raise CodeParrotError(f"no input files match {spec}")
-        elif path.is_file():
-            found = [path]
-        else:
-            raise CodeParrotError(f"input not found: {spec}")
-        for p in found:
-            if not os.access(p, os.R_OK):
-                raise CodeParrotError(f"input file is not readable: {p}")
-        files.extend(found)
-    return list(dict.fromkeys(files))  # a file named twice (dir + glob) is read once
-
-
-def _open_binary(path: Path):
-    """Open an input file for reading bytes; `.gz` files are decompressed on the fly."""
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
-
-
 def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, Location]]:
     """Non-blank lines (without the line break) of every file, in order, with their location.
 
@@ -140,7 +87,7 @@ def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, 
         lineno = 0
         records = 0
         try:
-            with _open_binary(path) as f:
+            with open_data_file(path) as f:
                 for lineno, line in enumerate(f, start=1):
                     line = line.rstrip(b"\r\n")
                     if lineno == 1:
@@ -163,40 +110,13 @@ def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, 
 
 
 def parse_line(line: bytes, where: Location, text_column: str, bad: BadRecords) -> tuple[dict[str, Any], str] | None:
-    """(record, text) of one JSON line, or None after counting it in `bad` under its reason."""
-    if b"\x00" in line:
-        bad.add("NUL bytes", where)
-        return None
+    """(record, text) of one JSON line, or None after counting it in `bad` under its reason (texts with NUL
+    characters included: they are binary files)."""
     try:
-        decoded = line.decode("utf-8")
-    except UnicodeDecodeError as err:
-        bad.add("invalid UTF-8", where, f"byte {err.start}")
+        return parse_record_line(line, text_column, reject_nul_text=True)
+    except BadRecord as err:
+        bad.add(err.reason, where, err.detail)
         return None
-    try:
-        record = json.loads(decoded)
-    except json.JSONDecodeError as err:
-        bad.add("malformed JSON", where, f"{err.msg}: column {err.colno}")
-        return None
-    if not isinstance(record, dict):
-        bad.add("not a JSON object", where, type(record).__name__)
-        return None
-    if text_column not in record:
-        bad.add("missing text column", where, f"no {text_column!r} key")
-        return None
-    text = record[text_column]
-    if not isinstance(text, str):
-        bad.add("non-string text", where, f"{text_column!r} is {type(text).__name__}")
-        return None
-    if "\x00" in text:
-        bad.add("NUL bytes", where)
-        return None
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:
-            bad.add("invalid UTF-8", where, f"unpaired surrogate at character {err.start}")
-            return None
-    return record, text
 
 
 def iter_raw_records(
@@ -225,6 +145,13 @@ def iter_records(
     bad.strict = bad.strict or strict
     for _, record, _, where in iter_raw_records(paths, text_column, bad):
         yield record, where
+
+
+def iter_texts(paths: Iterable[Path], text_column: str = "content", bad: BadRecords | None = None) -> Iterator[str]:
+    """The text of every valid record, streamed line by line; bad records are counted in `bad`."""
+    bad = bad if bad is not None else BadRecords()
+    for _, _, text, _ in iter_raw_records(paths, text_column, bad):
+        yield text
 
 
 class ShardWriter:

@@ -24,7 +24,8 @@ from codeparrot.checkpointing import (TrainerState, list_checkpoints, read_data_
 from codeparrot.atomic_io import ensure_writable_dir
 from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.evaluation import EvalResult, evaluate, skip_padding_check
+from codeparrot.evaluation import EvalResult, evaluate, fused_head_weight, skip_padding_check
+from codeparrot.fused_loss import causal_lm_loss
 from codeparrot.mfu import model_flops_per_token, mfu, peak_flops
 from codeparrot.optim import build_optimizer, build_scheduler
 from codeparrot.train_config import TrainConfig
@@ -87,6 +88,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.schedule)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     train_loader = make_loader(cfg, train_ds, cfg.batch.micro_batch_size, device)
+    head = fused_head_weight(accelerator, model) if cfg.fused_loss else None  # None: Hugging Face's loss
 
     step, tokens_seen = 0, 0
     tokens_per_step = cfg.tokens_per_step(world)
@@ -127,7 +129,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         for _ in range(accum):
             batch = next(train_iter).to(device, non_blocking=True)  # [micro_batch, seq_length]
             with accelerator.accumulate(model):  # no gradient all-reduce except on the last micro-step
-                loss = model(input_ids=batch, labels=batch).loss  # mean over B·(T-1) predicted tokens
+                loss = forward_loss(model, head, batch)  # mean over the B·(T-1) predicted tokens
                 accelerator.backward(loss)  # divides by `accum`: the step's gradient is the token mean
             loss_sum += loss.detach()
             micro_steps += 1
@@ -166,7 +168,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 
         is_last = step == cfg.max_steps or stop
         if valid_ds is not None and (is_last or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)):
-            result.final_eval = run_eval(cfg, model, valid_ds, accelerator, device)
+            result.final_eval = run_eval(cfg, model, head, valid_ds, accelerator, device)
             ev = result.final_eval
             log(accelerator, metrics, {"step": step, "tokens_seen": tokens_seen, "val_loss": ev.loss,
                                        "perplexity": ev.perplexity, "val_tokens": ev.tokens})
@@ -279,7 +281,16 @@ def load_model(cfg: TrainConfig, model_dir: Path):
     return model
 
 
-def run_eval(cfg: TrainConfig, model, valid_ds, accelerator, device) -> EvalResult:
+def forward_loss(model, head: torch.Tensor | None, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of `batch` [B, T] (labels = inputs): fused with the LM head when `head`
+    (its weight) is given, else through the model's own loss."""
+    if head is None:
+        return model(input_ids=batch, labels=batch).loss
+    loss_sum, count = causal_lm_loss(model, head, batch)
+    return loss_sum / count
+
+
+def run_eval(cfg: TrainConfig, model, head, valid_ds, accelerator, device) -> EvalResult:
     """A fresh pass over this process's validation shard. Run inside a forked RNG so that evaluating (its
     loader workers draw a seed) never changes the training run's random stream: same weights with or without
     evaluation, and exact resumes whatever eval_steps is."""
@@ -287,7 +298,7 @@ def run_eval(cfg: TrainConfig, model, valid_ds, accelerator, device) -> EvalResu
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         loader = make_loader(cfg, valid_ds, batch_size, device)
         return evaluate(model, loader, accelerator, max_steps=cfg.eval.max_eval_steps,
-                        dummy_shape=(batch_size, cfg.data.seq_length))
+                        dummy_shape=(batch_size, cfg.data.seq_length), head_weight=head)
 
 
 def log(accelerator, metrics: MetricsFile, entry: dict) -> None:

@@ -129,6 +129,9 @@ class TrainConfig:
         "sdpa", "Attention kernel (sdpa: PyTorch's fused scaled-dot-product attention).")
     gradient_checkpointing: bool = doc(False, "Recompute activations in the backward pass (less memory, ~30% slower).")
     compile: bool = doc(False, "torch.compile the model (inductor).")
+    fused_loss: bool = doc(True, "Compute the LM head and cross-entropy together in chunks, never materializing the "
+                                 "[batch, seq, vocab] logits (same loss, less memory, faster); false = the Hugging "
+                                 "Face loss. Not used under FSDP/DeepSpeed (sharded head weight).")
     data: DataConfig = doc(DataConfig, "Data.")
     batch: BatchConfig = doc(BatchConfig, "Batch size and the token budget.")
     optim: OptimConfig = doc(OptimConfig, "Optimizer.")

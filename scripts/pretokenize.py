@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from codeparrot.data_files import resolve_data_files, split_folders
 from codeparrot.errors import run_cli
 
 
@@ -44,18 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def splits_of(dataset: list[str], output_dir: Path) -> list[tuple[str | list[str], Path]]:
     """(shards, output folder) pairs: one per split of a preprocess root, else the dataset as given."""
-    if len(dataset) == 1 and os.path.isdir(dataset[0]):
-        root = Path(dataset[0])
-        splits = [name for name in ("train", "valid") if (root / name).is_dir()]
-        if splits:
-            return [(str(root / name), output_dir / name) for name in splits]
+    splits = split_folders(Path(dataset[0]).expanduser()) if len(dataset) == 1 else {}
+    if splits:
+        return [(str(folder), output_dir / name) for name, folder in splits.items()]
     return [(dataset[0] if len(dataset) == 1 else dataset, output_dir)]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from codeparrot.record_sources import resolve_data_files
-
     jobs = splits_of(args.dataset, args.output_dir)
     for shards, _ in jobs:  # a wrong path fails now, before the tokenizer (and torch) are loaded
         resolve_data_files(shards)

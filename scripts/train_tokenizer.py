@@ -49,19 +49,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from codeparrot.tokenizer import (
-        bytes_per_token, dataset_files, iter_texts, save_tokenizer, train_files_for, train_tokenizer,
-        valid_files_for,
-    )
+    from codeparrot.data_files import resolve_data_files, split_files_for
+    from codeparrot.records import BadRecords, iter_texts
+    from codeparrot.tokenizer import bytes_per_token, save_tokenizer, train_tokenizer
 
     out = args.output_dir
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "tokenizer.json").is_file())):
         raise CodeParrotError(f"{out} exists and is not a tokenizer folder; refusing to replace it")
-    spec = args.dataset if len(args.dataset) > 1 else args.dataset[0]
-    train_files = train_files_for(spec) if isinstance(spec, str) else dataset_files(spec)
-    valid_files = (dataset_files(args.valid_dataset) if args.valid_dataset
-                   else valid_files_for(spec) if isinstance(spec, str) else None)
-    skipped: dict[str, int] = {}
+    train_files = resolve_data_files(args.dataset, split="train")  # a preprocess root stands for its train/
+    valid_files = (resolve_data_files(args.valid_dataset, split="valid") if args.valid_dataset
+                   else split_files_for(args.dataset[0], "valid") if len(args.dataset) == 1 else None)
+    skipped = BadRecords()  # bad records are counted and skipped, not fatal, in a long run
     stream = iter_texts(train_files, args.text_column, skipped)
     print(f"training a {args.vocab_size}-token byte-level BPE on up to {args.n_examples} files from "
           f"{len(train_files)} shard(s)", file=sys.stderr)
@@ -82,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                               "no files beyond --n-examples; pass --valid-dataset or lower --n-examples)")
     bpt = bytes_per_token(tokenizer, valid_texts)
     stats.update(valid_examples=len(valid_texts), valid_source=valid_source,
-                 valid_bytes_per_token=round(bpt, 4), skipped_records=skipped, text_column=args.text_column)
-    if skipped:
-        print("skipped records: " + ", ".join(f"{k}: {v}" for k, v in skipped.items()), file=sys.stderr)
+                 valid_bytes_per_token=round(bpt, 4), skipped_records=dict(skipped.counts),
+                 text_column=args.text_column)
+    if skipped.total:
+        print("skipped records: " + "; ".join(skipped.summary_lines()), file=sys.stderr)
     save_tokenizer(tokenizer, out, stats)
     print(f"trained on {stats['train_examples']} files ({stats['train_bytes'] / 1e6:.1f} MB) in "
           f"{stats['train_seconds']:.1f} s ({stats['train_mb_per_s']:.2f} MB/s); vocab {len(tokenizer)}")

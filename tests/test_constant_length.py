@@ -241,7 +241,7 @@ def test_hub_streaming_path_matches_local_shards_and_resumes(tokenizer, shards, 
 def test_bad_input_is_one_line(tokenizer, tmp_path, shards):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(CodeParrotError, match=f"no data files .* in {empty}"):
+    with pytest.raises(CodeParrotError, match=f"no input files .* in {empty}"):
         ConstantLengthDataset(tokenizer, empty)
     (empty / "file-1.json.gz").write_bytes(gzip.compress(b"\n\n"))
     with pytest.raises(CodeParrotError, match=f"no records in {empty}"):
@@ -254,9 +254,9 @@ def test_bad_input_is_one_line(tokenizer, tmp_path, shards):
         ConstantLengthDataset(tokenizer, shards, seq_length=0)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x = 1"}\n')
-    with pytest.raises(CodeParrotError, match=r"bad.jsonl:1: no 'content' field \(fields: text\)"):
+    with pytest.raises(CodeParrotError, match=r"bad.jsonl:1: missing text column \(no 'content' key; fields: text\)"):
         ConstantLengthDataset(tokenizer, bad)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"content": "x = 1"}\n{"content": \n')
-    with pytest.raises(CodeParrotError, match=r"broken.jsonl:2: not a JSON record"):
+    with pytest.raises(CodeParrotError, match=r"broken.jsonl:2: malformed JSON"):
         list(ConstantLengthDataset(tokenizer, broken, seq_length=2))

@@ -1,4 +1,5 @@
-"""Reading the BigQuery export: input resolution, every bad-record reason, --strict, and the shard writer."""
+"""Reading the BigQuery export: every bad-record reason, --strict, and the shard writer (which files a path
+names: tests/test_data_files.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.records import BadRecords, ShardWriter, iter_records, resolve_inputs
+from codeparrot.records import BadRecords, ShardWriter, iter_records, iter_texts
 
 
 def _record(content, **extra) -> dict:
@@ -22,31 +23,6 @@ def _jsonl(path: Path, lines: list[bytes | str | dict], gz: bool = False) -> Pat
                     + b"\n" for x in lines)
     path.write_bytes(gzip.compress(data) if gz else data)
     return path
-
-
-def test_resolve_inputs_files_dirs_globs_in_sorted_order(tmp_path):
-    (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "nested").mkdir()
-    (tmp_path / ".hidden.tmp-1").mkdir()
-    for name in ["b/z.jsonl", "b/a.json.gz", "b/nested/c.jsonl.gz", "b/notes.txt", ".hidden.tmp-1/x.jsonl",
-                 "top.json"]:
-        (tmp_path / name).write_bytes(b"")
-    got = resolve_inputs([str(tmp_path / "b")])
-    assert got == [tmp_path / "b/a.json.gz", tmp_path / "b/nested/c.jsonl.gz", tmp_path / "b/z.jsonl"]
-    # a glob, a file, and the same file again through the directory: each read once, order kept
-    got = resolve_inputs([str(tmp_path / "*.json"), str(tmp_path / "b/z.jsonl"), str(tmp_path / "b")])
-    assert got[:2] == [tmp_path / "top.json", tmp_path / "b/z.jsonl"] and len(got) == 4
-    assert tmp_path / ".hidden.tmp-1/x.jsonl" not in resolve_inputs([str(tmp_path)])
-    assert tmp_path / "b/notes.txt" not in resolve_inputs([str(tmp_path / "b/*")])  # a glob takes data files only
-
-
-@pytest.mark.parametrize("spec, message", [("missing.jsonl", "input not found"), ("*.nothing", "no input files match"),
-                                           ("emptydir", "no input files")])
-def test_resolve_inputs_errors_are_one_line(tmp_path, spec, message):
-    (tmp_path / "emptydir").mkdir()
-    with pytest.raises(CodeParrotError, match=message) as err:
-        resolve_inputs([str(tmp_path / spec)])
-    assert "\n" not in str(err.value)
 
 
 def test_records_stream_with_locations_and_pass_through_fields(tmp_path):
@@ -115,6 +91,9 @@ def test_text_column_is_configurable(tmp_path):
     bad = BadRecords()
     assert [r["text"] for r, _ in iter_records([src], text_column="text", bad=bad)] == ["abc"]
     assert bad.counts == {"missing text column": 1}
+    texts_bad = BadRecords()  # the texts alone (what the tokenizer trains on), counted alike
+    assert list(iter_texts([src], text_column="text", bad=texts_bad)) == ["abc"]
+    assert texts_bad.counts == {"missing text column": 1}
 
 
 def test_shard_writer_splits_names_and_is_byte_deterministic(tmp_path):
