@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Iterator
 
 import numpy as np
 import torch
 
-from codeparrot.errors import CodeParrotError
 from codeparrot.data_files import resolve_data_files
+from codeparrot.errors import CodeParrotError
 from codeparrot.record_sources import HubRecordStream, LocalRecordStream, check_has_records
+from codeparrot.resumable_dataset import Reader, ResumableIterableDataset, check_state_matches
 
 STATE_VERSION = 1
 EOS_TOKEN = "<|endoftext|>"
@@ -76,7 +76,7 @@ def encode_with_eos(tokenizer, texts: list[str], eos_id: int, dtype: np.dtype) -
     return np.fromiter(flat, dtype=dtype, count=total)
 
 
-class ConstantLengthDataset(torch.utils.data.IterableDataset):
+class ConstantLengthDataset(ResumableIterableDataset):
     """Streams records, tokenizes a buffer of ~seq_length × chars_per_token × num_of_sequences characters in one
     batched call, joins files with EOS and yields int64 tensors [seq_length] (module docstring for the details).
 
@@ -88,26 +88,26 @@ class ConstantLengthDataset(torch.utils.data.IterableDataset):
     shuffling; 0 disables either. Both are seeded by `seed` and the reader.
     """
 
+    STATE_KIND, STATE_VERSION = "constant_length", STATE_VERSION
+
     def __init__(self, tokenizer, data_files: str | list[str] | None = None, seq_length: int = 1024,
                  num_of_sequences: int = 1024, chars_per_token: float = 3.6, text_column: str = "content",
                  infinite: bool = False, seed: int = 0, shuffle_buffer: int = 0, sequence_shuffle_buffer: int = 0,
                  rank: int = 0, world_size: int = 1, hub_dataset: str | None = None, split: str = "train"):
         for name, value in (("seq_length", seq_length), ("num_of_sequences", num_of_sequences),
-                            ("chars_per_token", chars_per_token), ("world_size", world_size)):
+                            ("chars_per_token", chars_per_token)):
             if not value > 0:
                 raise CodeParrotError(f"{name} must be > 0, got {value}")
         for name, value in (("shuffle_buffer", shuffle_buffer), ("sequence_shuffle_buffer", sequence_shuffle_buffer)):
             if value < 0:
                 raise CodeParrotError(f"{name} must be >= 0, got {value}")
-        if not 0 <= rank < world_size:
-            raise CodeParrotError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+        self._set_ranks(rank, world_size)
         self.tokenizer, self.seq_length = tokenizer, int(seq_length)
         self.eos_id = eos_token_id(tokenizer)
         self.dtype = token_dtype(vocab_size_of(tokenizer))
         self.max_buffer_chars = int(seq_length * chars_per_token * num_of_sequences)
         self.text_column, self.infinite, self.seed = text_column, infinite, int(seed)
         self.shuffle_buffer, self.sequence_shuffle_buffer = int(shuffle_buffer), int(sequence_shuffle_buffer)
-        self.rank, self.world_size = int(rank), int(world_size)
         self.hub_dataset, self.split = hub_dataset, split
         if hub_dataset is None:
             if data_files is None:
@@ -120,20 +120,6 @@ class ConstantLengthDataset(torch.utils.data.IterableDataset):
             self.files = None if data_files is None else [os.fspath(p) for p in resolve_data_files(data_files)]
             self.label = hub_dataset
             HubRecordStream(hub_dataset, split, self.files, text_column, 0, 1)  # fail now if it cannot be streamed
-        self._resume: dict | None = None  # a loaded state, used by the next __iter__
-        self._iter: _ConstantLengthIterator | None = None
-
-    def __getstate__(self) -> dict:
-        # A copy sent to a DataLoader worker (spawn) starts where this object would: drop the live iterator
-        # (open files / memory map), keep a loaded-but-unused position.
-        return {**self.__dict__, "_iter": None}
-
-    # --- iteration -----------------------------------------------------------------------------------------
-    def _reader(self) -> tuple[int, int, int, int]:
-        """(reader id, number of readers, worker id, workers): rank r's worker w is reader r × workers + w."""
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.rank * workers + worker, self.world_size * workers, worker, workers
 
     def _open_stream(self, reader_id: int, n_readers: int):
         if self.hub_dataset is not None:
@@ -141,34 +127,8 @@ class ConstantLengthDataset(torch.utils.data.IterableDataset):
         return LocalRecordStream(self.files, self.text_column, reader_id, n_readers,
                                  shuffle_files=self.shuffle_buffer > 0, seed=self.seed)
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        state, self._resume = self._resume, None
-        self._iter = _ConstantLengthIterator(self, *self._reader(), state)
-        return self._iter
-
-    @property
-    def epoch(self) -> int:
-        """Restarts so far of this process's reader (with DataLoader workers, the loader's state holds theirs)."""
-        if self._iter is not None:
-            return self._iter.epoch
-        return int(self._resume["epoch"]) if self._resume and self._resume.get("started") else 0
-
-    # --- position ------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The position after the last yielded sequence (plain ints/strings/lists and torch tensors, so it
-        `torch.save`s and loads with `weights_only=True`)."""
-        if self._iter is not None:
-            return self._iter.state_dict()
-        if self._resume is not None:
-            return self._resume
-        return {"kind": "constant_length", "version": STATE_VERSION, "started": False}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` at the next `iter()`: exactly the sequence after the last one consumed."""
-        if state.get("kind") != "constant_length" or state.get("version") != STATE_VERSION:
-            raise CodeParrotError(f"not a ConstantLengthDataset state (kind {state.get('kind')!r}, "
-                                  f"version {state.get('version')!r})")
-        self._resume, self._iter = state, None
+    def _start(self, reader: Reader, state: dict | None) -> "_ConstantLengthIterator":
+        return _ConstantLengthIterator(self, *reader, state)
 
 
 class _ConstantLengthIterator:
@@ -298,11 +258,7 @@ class _ConstantLengthIterator:
         ds = self.ds
         expected = {"reader_id": self.reader_id, "n_readers": self.n_readers, "seq_length": ds.seq_length,
                     "source": ds.label if ds.hub_dataset else len(ds.files)}
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise CodeParrotError(
-                    f"data state does not match this run: {key} was {state.get(key)!r}, now {value!r} "
-                    "(resume with the same data, seq_length, number of processes and dataloader workers)")
+        check_state_matches(state, expected, "data, seq_length")
         if len(state["seq_buffer"]) > ds.sequence_shuffle_buffer:
             raise CodeParrotError(f"data state holds {len(state['seq_buffer'])} shuffled sequences but "
                                   f"sequence_shuffle_buffer is {ds.sequence_shuffle_buffer}")

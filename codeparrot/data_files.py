@@ -33,7 +33,7 @@ from codeparrot.errors import CodeParrotError
 DATA_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 SPLITS = ("train", "valid")  # the subfolders of a preprocess output root
 READ_ERRORS = (OSError, EOFError, zlib.error)  # a missing/unreadable file, a truncated or corrupt gzip stream
-_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, written by some Windows tools
+UTF8_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, written by some Windows tools
 
 
 # --- which files ----------------------------------------------------------------------------------------------
@@ -162,8 +162,8 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
     the training stream keeps what it is given). A raw NUL byte is never valid JSON and is always refused."""
     if b"\x00" in line:
         raise BadRecord("NUL bytes")
-    if line.startswith(_BOM):
-        line = line[len(_BOM):]
+    if line.startswith(UTF8_BOM):
+        line = line[len(UTF8_BOM):]
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -115,7 +115,7 @@ def check_loader_state(loader_state: dict, dataset, num_workers: int) -> None:
     states = dataset_states(loader_state)
     if not states:  # saved before the first batch: nothing to continue from
         return
-    kind = "pretokenized" if isinstance(dataset, PretokenizedDataset) else "constant_length"
+    kind = dataset.STATE_KIND
     readers_now = dataset.world_size * max(num_workers, 1)
     saved_workers = 0 if "dataset_state" in loader_state else len(states)
     if saved_workers != num_workers:

@@ -37,7 +37,7 @@ def token_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor,
     With `head_weight` (the LM head's weight) the fused chunked path is used (no [B, T, V] logits)."""
     if head_weight is not None:
         return causal_lm_loss(model, head_weight, input_ids, labels)
-    logits = model(input_ids=input_ids).logits  # [B, T, V]
+    logits = model(input_ids=input_ids, use_cache=False).logits  # [B, T, V]
     targets = labels[:, 1:].reshape(-1)  # token t predicts t+1: [B·(T-1)]
     loss_sum = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), targets,
                                ignore_index=IGNORE_INDEX, reduction="sum")

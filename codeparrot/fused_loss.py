@@ -51,18 +51,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 valid = t != IGNORE_INDEX
                 safe_t = torch.where(valid, t, 0)
                 logits = torch.matmul(h, w.t()).float()  # [c, V]
-                lse = torch.logsumexp(logits, dim=-1)  # [c]
-                target_logit = logits.gather(1, safe_t[:, None]).squeeze(1)
-                loss += ((lse - target_logit) * valid).sum()
+                # log-sum-exp in place, 4 passes over the buffer and no temporary: it becomes exp(logits − max)
+                row_max = logits.amax(dim=-1, keepdim=True)  # [c, 1]
+                target_logit = logits.gather(1, safe_t[:, None])  # [c, 1]
+                row_sum = logits.sub_(row_max).exp_().sum(dim=-1, keepdim=True)  # [c, 1]
+                lse = row_max + row_sum.log()
+                loss += ((lse - target_logit).squeeze(1) * valid).sum()
                 if not need_grad:
                     continue
-                # d(sum CE)/d logits = softmax − one-hot, zero on ignored rows; built in the logits buffer
-                probs = logits.sub_(lse[:, None]).exp_()
+                # d(sum CE)/d logits = softmax − one-hot, zero on ignored rows; built in the same buffer
+                probs = logits.div_(row_sum)
                 probs.scatter_add_(1, safe_t[:, None], -valid[:, None].to(probs.dtype))
                 probs.mul_(valid[:, None])
                 grad_logits = probs.to(dtype)
                 grad_hidden[start : start + chunk_rows] = torch.matmul(grad_logits, w).to(hidden.dtype)  # [c, D]
-                grad_weight += torch.matmul(grad_logits.t(), h).float()  # [V, D]
+                if dtype == torch.float32:
+                    grad_weight.addmm_(grad_logits.t(), h)  # [V, D], accumulated in place
+                else:
+                    grad_weight += torch.matmul(grad_logits.t(), h).float()
         if need_grad:
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
@@ -93,7 +99,7 @@ def causal_lm_loss(model, head_weight: torch.Tensor, input_ids: torch.Tensor, la
     an empty slice) and for the hidden states, whose last entry is the final LayerNorm's output.
     `head_weight` is the LM head's weight [V, D] (GPT-2: the tied token embedding)."""
     labels = input_ids if labels is None else labels
-    out = model(input_ids=input_ids, logits_to_keep=slice(0, 0), output_hidden_states=True)
+    out = model(input_ids=input_ids, logits_to_keep=slice(0, 0), output_hidden_states=True, use_cache=False)
     hidden = out.hidden_states[-1]  # [B, T, D]
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # position t predicts token t+1: [B·(T-1), D]
     return linear_cross_entropy_sum(h, head_weight, labels[:, 1:].reshape(-1), chunk_rows)

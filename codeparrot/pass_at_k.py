@@ -7,7 +7,9 @@ replacement passes is
 
 The product form never builds the huge binomials (C(200, 100) has 59 digits) and stays accurate in floating
 point. pass@k of a benchmark is the mean over tasks. It is defined only for k <= n: a k above some task's
-sample count is reported as not computable (value None and a reason), never silently left out.
+sample count is reported as not computable (value None and a reason), never silently left out. A task
+with no samples at all (n = 0, allowed only when the caller opts into partial scoring) counts as failed
+(0) in the mean, and every entry says how many such tasks it includes.
 """
 
 from __future__ import annotations
@@ -43,26 +45,32 @@ def pass_at_k_exact(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_table(counts: Mapping[str, tuple[int, int]], ks: Iterable[int]) -> dict[str, dict]:
-    """{"pass@k": {"value": mean over tasks or None, "reason": why not computable or None, "tasks": n}}.
+    """{"pass@k": {"value": mean over tasks or None, "reason": why not computable or None, "tasks": n,
+    "tasks_without_samples": m}}.
 
-    `counts` maps task id -> (n samples, c correct). A k larger than the smallest n is not computable: the
-    reason names the task with the fewest samples.
+    `counts` maps task id -> (n samples, c correct). A task with n = 0 counts as 0 in the mean (it is one
+    of the `tasks`). A k larger than the smallest n > 0 is not computable: the reason names the task with
+    the fewest samples.
     """
     table: dict[str, dict] = {}
-    if not counts:
+    sampled = {task: nc for task, nc in counts.items() if nc[0] > 0}
+    missing = len(counts) - len(sampled)
+    if not sampled:
         for k in ks:
-            table[f"pass@{k}"] = {"value": None, "reason": "no tasks", "tasks": 0}
+            table[f"pass@{k}"] = {"value": None, "reason": "no samples" if counts else "no tasks",
+                                  "tasks": len(counts), "tasks_without_samples": missing}
         return table
-    fewest_task, (fewest_n, _) = min(counts.items(), key=lambda item: (item[1][0], item[0]))
+    fewest_task, (fewest_n, _) = min(sampled.items(), key=lambda item: (item[1][0], item[0]))
     for k in sorted(set(int(k) for k in ks)):
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
+        entry = {"value": None, "reason": None, "tasks": len(counts), "tasks_without_samples": missing}
         if k > fewest_n:
-            table[f"pass@{k}"] = {"value": None, "tasks": len(counts),
-                                  "reason": f"not computable: {fewest_task} has only {fewest_n} samples (< {k})"}
-            continue
-        values = [pass_at_k(n, c, k) for n, c in counts.values()]
-        table[f"pass@{k}"] = {"value": sum(values) / len(values), "reason": None, "tasks": len(counts)}
+            entry["reason"] = f"not computable: {fewest_task} has only {fewest_n} samples (< {k})"
+        else:
+            values = [pass_at_k(n, c, k) for n, c in sampled.values()]
+            entry["value"] = sum(values) / len(counts)  # tasks without samples add 0
+        table[f"pass@{k}"] = entry
     return table
 
 
@@ -98,4 +106,10 @@ def format_table(tables: Mapping[str, Mapping[str, dict]], best: Mapping[str, di
     if best is not None and len(tables) > 1:
         rows.append(["best", *(cell(best.get(k)) for k in keys)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    for label, table in tables.items():
+        entry = next(iter(table.values()), {})
+        if entry.get("tasks_without_samples"):
+            lines.append(f"note: temperature {label}: {entry['tasks_without_samples']} of {entry['tasks']} tasks "
+                         f"have no samples and count as failed")
+    return "\n".join(lines)

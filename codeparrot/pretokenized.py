@@ -29,7 +29,6 @@ import shutil
 import time
 from collections import deque
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -39,6 +38,7 @@ from codeparrot.constant_length import encode_with_eos, eos_token_id, token_dtyp
 from codeparrot.data_files import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
 from codeparrot.record_sources import check_has_records, parse_record
+from codeparrot.resumable_dataset import Reader, ResumableIterableDataset, check_state_matches
 
 INDEX_NAME = "index.json"
 TOKENS_NAME = "tokens.bin"
@@ -216,33 +216,26 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
 
 
 # --- reading ------------------------------------------------------------------------------------------------
-class PretokenizedDataset(torch.utils.data.IterableDataset):
+class PretokenizedDataset(ResumableIterableDataset):
     """Yields int64 tensors [seq_length] from a pretokenized folder (module docstring): a seeded permutation
     per epoch when `shuffle`, rank r takes r::world_size of it (worker w of that, w::num_workers);
     `infinite` restarts and counts `epoch`. The memory map is opened in the process that iterates."""
+
+    STATE_KIND, STATE_VERSION = "pretokenized", VERSION
 
     def __init__(self, path, seq_length: int, infinite: bool = False, seed: int = 0, shuffle: bool = True,
                  rank: int = 0, world_size: int = 1):
         if seq_length <= 0:
             raise CodeParrotError(f"seq_length must be > 0, got {seq_length}")
-        if not 0 <= rank < world_size:
-            raise CodeParrotError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+        self._set_ranks(rank, world_size)
         if not is_pretokenized(path):
             raise CodeParrotError(f"{path} is not a pretokenized folder (no {INDEX_NAME}; see scripts/pretokenize.py)")
         self.path, self.index = os.fspath(path), read_index(path)
         self.seq_length, self.infinite, self.seed, self.shuffle = int(seq_length), infinite, int(seed), shuffle
-        self.rank, self.world_size = int(rank), int(world_size)
         self.n_sequences = self.index["n_tokens"] // self.seq_length
         if self.n_sequences == 0:
             raise CodeParrotError(f"{path} holds {self.index['n_tokens']} tokens, fewer than one sequence of "
                                   f"{seq_length}")
-        self._resume: dict | None = None
-        self._iter: _PretokenizedIterator | None = None
-
-    def __getstate__(self) -> dict:
-        # A copy sent to a DataLoader worker (spawn) starts where this object would: drop the live iterator
-        # (open files / memory map), keep a loaded-but-unused position.
-        return {**self.__dict__, "_iter": None}
 
     def order(self, epoch: int, reader_id: int, n_readers: int) -> np.ndarray:
         """Sequence indices reader `reader_id` of `n_readers` visits in `epoch` (rank-major: reader = rank ×
@@ -255,30 +248,8 @@ class PretokenizedDataset(torch.utils.data.IterableDataset):
         rank, worker = divmod(reader_id, workers)
         return perm[rank :: self.world_size][worker::workers].copy()
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        state, self._resume = self._resume, None
-        self._iter = _PretokenizedIterator(self, self.rank * workers + worker, self.world_size * workers, state)
-        return self._iter
-
-    @property
-    def epoch(self) -> int:
-        if self._iter is not None:
-            return self._iter.epoch
-        return int(self._resume["epoch"]) if self._resume and self._resume.get("started") else 0
-
-    def state_dict(self) -> dict:
-        if self._iter is not None:
-            return self._iter.state_dict()
-        if self._resume is not None:
-            return self._resume
-        return {"kind": "pretokenized", "version": VERSION, "started": False}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("kind") != "pretokenized" or state.get("version") != VERSION:
-            raise CodeParrotError(f"not a PretokenizedDataset state (kind {state.get('kind')!r})")
-        self._resume, self._iter = state, None
+    def _start(self, reader: Reader, state: dict | None) -> "_PretokenizedIterator":
+        return _PretokenizedIterator(self, reader.id, reader.count, state)
 
 
 class _PretokenizedIterator:
@@ -290,11 +261,7 @@ class _PretokenizedIterator:
         if state is not None and state.get("started"):
             expected = {"reader_id": reader_id, "n_readers": n_readers, "n_tokens": ds.index["n_tokens"],
                         "seq_length": ds.seq_length, "seed": ds.seed, "shuffle": ds.shuffle}
-            for key, value in expected.items():
-                if state.get(key) != value:
-                    raise CodeParrotError(f"data state does not match this run: {key} was {state.get(key)!r}, now "
-                                          f"{value!r} (resume with the same data, seq_length, seed, number of "
-                                          "processes and dataloader workers)")
+            check_state_matches(state, expected, "data, seq_length, seed")
             self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.indices = ds.order(self.epoch, reader_id, n_readers)
 

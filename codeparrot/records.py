@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
 
-from codeparrot.data_files import BadRecord, open_data_file, parse_record_line
+from codeparrot.data_files import UTF8_BOM, BadRecord, open_data_file, parse_record_line
 from codeparrot.errors import CodeParrotError
 
 FILE_LEVEL_REASONS = {"empty file", "truncated gzip", "corrupt gzip", "unreadable file"}  # count files, not lines
@@ -89,9 +89,9 @@ def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, 
         try:
             with open_data_file(path) as f:
                 for lineno, line in enumerate(f, start=1):
-                    line = line.rstrip(b"\r\n")
-                    if lineno == 1:
-                        line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark from Windows tools
+                    # A byte order mark starts a file from a Windows tool, or a line when such files were
+                    # concatenated: dropped, so the raw line copied to the output is clean.
+                    line = line.rstrip(b"\r\n").removeprefix(UTF8_BOM)
                     if not line.strip():
                         continue  # blank lines (a trailing newline, padding) are not records
                     records += 1

@@ -83,9 +83,21 @@ class CheckpointRepository(abc.ABC):
     def list_commits(self, branch: str) -> list[CommitInfo]:
         """Commits on `branch`, newest first."""
 
-    @abc.abstractmethod
     def download(self, revision: str, output_dir: str | os.PathLike) -> Path:
-        """Materialize `revision` (branch, tag or commit id) as a new folder that `from_pretrained` loads."""
+        """Materialize `revision` (branch, tag or commit id) as a new folder that `from_pretrained` loads
+        (written atomically; an existing non-empty `output_dir` is refused)."""
+        from codeparrot.atomic_io import atomic_dir
+
+        output_dir = Path(output_dir)
+        if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+            raise CodeParrotError(f"output directory {output_dir} already exists and is not empty")
+        with atomic_dir(output_dir) as tmp:
+            self._write_revision(revision, tmp)
+        return output_dir
+
+    @abc.abstractmethod
+    def _write_revision(self, revision: str, folder: Path) -> None:
+        """Write the files of `revision` into the existing, empty `folder`."""
 
     @abc.abstractmethod
     def promote(self, revision: str) -> str:
@@ -112,6 +124,29 @@ class CheckpointRepository(abc.ABC):
             if commit.step is not None:
                 return commit.step
         return None
+
+
+def check_commit_folder(folder: str | os.PathLike) -> Path:
+    """`folder` as a Path when it can be committed: a folder holding at least one file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CodeParrotError(f"cannot commit {folder}: not a folder")
+    if not any(p.is_file() for p in folder.rglob("*")):
+        raise CodeParrotError(f"cannot commit {folder}: it holds no files")
+    return folder
+
+
+def main_then_newest(branches: list[BranchInfo]) -> list[BranchInfo]:
+    """`list_branches` order: `main` first, then the others newest first."""
+    newest_first = sorted(branches, key=lambda b: b.date, reverse=True)
+    return sorted(newest_first, key=lambda b: b.name != "main")  # stable: keeps newest first after main
+
+
+def promotion_message(revision: str, source: str, source_message: str) -> tuple[str, str]:
+    """(subject, body) of the commit that promotes `revision` (resolved to commit `source`) onto main."""
+    step = parse_step(source_message)
+    subject = f"promote {revision}@{source[:12]} ({f'step {step}' if step is not None else source_message})"
+    return subject, f"Source commit: {source}\nSource message: {source_message}"
 
 
 def validate_branch_name(branch: str) -> str:

@@ -23,7 +23,10 @@ from codeparrot.repository import (
     BranchInfo,
     CheckpointRepository,
     CommitInfo,
+    check_commit_folder,
+    main_then_newest,
     parse_step,
+    promotion_message,
     validate_branch_name,
     validate_revision,
 )
@@ -110,9 +113,7 @@ class HubRepository(CheckpointRepository):
         self._known_branches.add(branch)
 
     def _upload(self, folder: str | os.PathLike, branch: str, message: str, run_as_future: bool):
-        folder = Path(folder)
-        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
-            raise CodeParrotError(f"cannot commit {folder}: not a folder with files")
+        folder = check_commit_folder(folder)
         self.create_branch(branch)  # a new experiment branches off main
         return self._call("uploading to", self.api.upload_folder, branch, repo_id=self.repo_id,
                           folder_path=str(folder), revision=branch, commit_message=message,
@@ -149,9 +150,7 @@ class HubRepository(CheckpointRepository):
             date = commits[0].created_at.isoformat() if commits else ""
             step = next((s for s in (parse_step(c.title) for c in commits) if s is not None), None)
             branches.append(BranchInfo(name=ref.name, commit_id=ref.target_commit, date=date, latest_step=step))
-        branches.sort(key=lambda b: b.date, reverse=True)
-        branches.sort(key=lambda b: b.name != "main")
-        return branches
+        return main_then_newest(branches)
 
     def list_commits(self, branch: str) -> list[CommitInfo]:
         validate_branch_name(branch)
@@ -159,16 +158,9 @@ class HubRepository(CheckpointRepository):
         return [CommitInfo(commit_id=c.commit_id, message=c.title, date=c.created_at.isoformat(),
                            step=parse_step(c.title)) for c in commits]
 
-    def download(self, revision: str, output_dir: str | os.PathLike) -> Path:
-        from codeparrot.atomic_io import atomic_dir
-
-        output_dir = Path(output_dir)
-        if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-            raise CodeParrotError(f"output directory {output_dir} already exists and is not empty")
-        with atomic_dir(output_dir) as tmp:
-            hub_snapshot(self.repo_id, revision, local_dir=tmp)
-            shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
-        return output_dir
+    def _write_revision(self, revision: str, folder: Path) -> None:
+        hub_snapshot(self.repo_id, revision, local_dir=folder)
+        shutil.rmtree(folder / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
 
     def promote(self, revision: str) -> str:
         from huggingface_hub import CommitOperationCopy, CommitOperationDelete
@@ -183,9 +175,7 @@ class HubRepository(CheckpointRepository):
                             for f in sorted(src_files) if f != ".gitattributes"]
         operations += [CommitOperationDelete(path_in_repo=f) for f in sorted(main_files - src_files)
                        if f != ".gitattributes"]
-        step = parse_step(title)
-        message = f"promote {revision}@{source[:12]} ({f'step {step}' if step is not None else title})"
+        subject, body = promotion_message(revision, source, title)
         info = self._call("committing to", self.api.create_commit, "main", repo_id=self.repo_id,
-                          operations=operations, commit_message=message,
-                          commit_description=f"Source commit: {source}\nSource message: {title}", revision="main")
+                          operations=operations, commit_message=subject, commit_description=body, revision="main")
         return info.oid

@@ -32,7 +32,10 @@ from codeparrot.repository import (
     BranchInfo,
     CheckpointRepository,
     CommitInfo,
+    check_commit_folder,
+    main_then_newest,
     parse_step,
+    promotion_message,
     validate_branch_name,
     validate_revision,
 )
@@ -211,12 +214,8 @@ class LocalGitRepository(CheckpointRepository):
             self._move_branch(branch, base, None, f"branch: created from {from_revision}")
 
     def commit_folder(self, folder: str | os.PathLike, branch: str, message: str) -> str:
-        folder = Path(folder)
+        folder = check_commit_folder(folder)
         validate_branch_name(branch)
-        if not folder.is_dir():
-            raise CodeParrotError(f"cannot commit {folder}: not a folder")
-        if not any(p.is_file() for p in folder.rglob("*")):
-            raise CodeParrotError(f"cannot commit {folder}: it holds no files")
         if not message.strip():
             raise CodeParrotError("a commit needs a message")
         self._check_not_checked_out(branch)
@@ -243,9 +242,7 @@ class LocalGitRepository(CheckpointRepository):
             if step is None and subject.strip() != "initial model":
                 step = self.latest_step_message(name)
             branches.append(BranchInfo(name=name, commit_id=commit, date=date, latest_step=step))
-        branches.sort(key=lambda b: b.date, reverse=True)
-        branches.sort(key=lambda b: b.name != "main")  # stable: main first, then newest first
-        return branches
+        return main_then_newest(branches)
 
     def list_commits(self, branch: str) -> list[CommitInfo]:
         validate_branch_name(branch)
@@ -268,23 +265,14 @@ class LocalGitRepository(CheckpointRepository):
             self._git("read-tree", commit, env=env, work_tree=dest)
             self._git("checkout-index", "--all", "--force", env=env, work_tree=dest)
 
-    def download(self, revision: str, output_dir: str | os.PathLike) -> Path:
-        from codeparrot.atomic_io import atomic_dir
-
-        output_dir = Path(output_dir)
-        commit = self.resolve_revision(revision)
-        if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-            raise CodeParrotError(f"output directory {output_dir} already exists and is not empty")
-        with atomic_dir(output_dir) as tmp:
-            self.checkout_into(commit, tmp)
-        return output_dir
+    def _write_revision(self, revision: str, folder: Path) -> None:
+        self.checkout_into(self.resolve_revision(revision), folder)
 
     def promote(self, revision: str) -> str:
         source = self.resolve_revision(revision)
         subject = self._git("log", "-1", "--format=%s", source, "--").strip()
-        step = parse_step(subject)
-        detail = f"step {step}" if step is not None else subject
-        message = f"promote {revision}@{source[:12]} ({detail})\n\nSource commit: {source}\nSource message: {subject}\n"
+        title, body = promotion_message(revision, source, subject)
+        message = f"{title}\n\n{body}\n"
         with self._locked():
             parent = self._branch_tip("main")
             self._check_not_checked_out("main")

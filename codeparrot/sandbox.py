@@ -16,7 +16,12 @@ Enforced by the kernel (real boundaries):
   signal anything; the private uid can do neither, and cannot read other users' /proc/<pid>/environ),
   or, when not root, a user namespace whose capabilities the program drops;
 - a network namespace with no interface up: no network at all, loopback included;
-- a mount namespace where every mount is read-only except the program's workspace, a size-limited tmpfs;
+- a mount namespace where every mount is read-only except the program's workspace, a size-limited tmpfs,
+  and the home folders ($HOME, the user's home, /root, /home) are covered by an empty tmpfs (tokens such
+  as ~/.cache/huggingface/token or ~/.netrc are unreadable even with our uid; an interpreter installed
+  under $HOME, e.g. pyenv, is bind-mounted back at its own path);
+- without a PID namespace and a private uid (guard-only mode): a seccomp filter, so kill/tgkill/pidfd/
+  ptrace of any process but the program itself fail in the kernel, whoever issues them (ctypes included);
 - an empty environment (HOME and TMPDIR point at the workspace), stdin/stdout/stderr on /dev/null.
 
 In the interpreter (best effort, `guard=True`; the only containment when the kernel offers none of the
@@ -26,18 +31,25 @@ remove) refuses sockets, fork/exec/subprocess, signals to other processes, write
 but a hook in the same interpreter is not a security boundary: see `sandbox_child.py` for its rules and for
 how the pass/fail verdict is protected against programs that exit early or patch builtins.
 
-Not restricted: reading files the program's uid may read (the private uid cannot enter /root or other
-0700 folders; as the harness's own user, in the no-namespace mode, it reads what you can), CPU use within
+Not restricted: reading files the program's uid may read outside the home folders (the private uid cannot
+enter 0700 folders; as the harness's own user without a mount namespace it reads what you can, your home
+included: keep tokens out of reach there, or use a machine with namespaces), CPU use within
 the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no memory cgroup: the system's
 cgroup tree is not ours to change). Root without the private uid is refused unless `allow_root=True`.
 
 Worker processes start once; a program costs two forks of a ~15 MB process, not a new interpreter.
+
+Each Sandbox works in `$TMPDIR/codeparrot-sandbox-<pid>-*/`, holding an flock on its `owner.lock` while it
+lives. A harness killed with SIGKILL cannot remove it; the next Sandbox started by the same user removes
+every such folder whose lock nobody holds (and that is older than a minute: never one being created).
 """
 
 from __future__ import annotations
 
+import fcntl
 import marshal
 import os
+import pwd
 import random
 import select
 import shutil
@@ -58,6 +70,8 @@ from codeparrot.errors import CodeParrotError
 SERVER = Path(__file__).with_name("sandbox_server.py")
 ALLOW_ENV = "CODEPARROT_ALLOW_CODE_EXECUTION"
 STATUSES = ("passed", "failed", "timed out", "killed", "error")
+ROOT_PREFIX, OWNER_LOCK = "codeparrot-sandbox-", "owner.lock"
+STALE_AFTER_S = 60.0  # an unlocked folder younger than this may be one whose creator has not locked it yet
 
 
 def available_cpus() -> int:
@@ -129,6 +143,42 @@ def pick_uid_base(count: int) -> int:
     return random.SystemRandom().randrange(low, max(low + 1, high - count))
 
 
+def home_folders() -> list[str]:
+    """Folders to hide from programs: $HOME, the user's home from the password database, /root, /home."""
+    found = [os.environ.get("HOME", ""), "/root", "/home"]
+    try:
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    return [f for f in dict.fromkeys(found) if f and os.path.isabs(f)]
+
+
+def remove_stale_roots(tmp: str | None = None, min_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the sandbox folders of dead harnesses (SIGKILLed: their `finally` never ran): ours, unlocked,
+    not modified for `min_age_s`. Folders without an owner lock (older versions) are left alone."""
+    removed = []
+    for root in Path(tmp or tempfile.gettempdir()).glob(ROOT_PREFIX + "*"):
+        try:
+            info = root.lstat()
+            if not root.is_dir() or root.is_symlink() or info.st_uid != os.geteuid():
+                continue
+            if time.time() - info.st_mtime < min_age_s:
+                continue
+            fd = os.open(root / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its owner holds LOCK_EX while alive
+        except OSError:
+            continue
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            removed.append(root)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def describe_layers(layers: dict) -> str:
     """One line naming the active layers, for logs and results.json."""
     parts = ["own process + session", "rlimits (cpu, memory, file size, open files)", "empty environment"]
@@ -145,6 +195,10 @@ def describe_layers(layers: dict) -> str:
     if layers.get("readonly_root"):
         parts.append("read-only filesystem except a " + ("tmpfs " if layers.get("workspace_tmpfs") else "")
                      + "workspace")
+    if layers.get("hidden_homes"):
+        parts.append("home folders hidden (" + ", ".join(layers["hidden_homes"]) + ")")
+    if layers.get("seccomp"):
+        parts.append("seccomp: no signals/pidfd/ptrace to other processes")
     parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
     return "; ".join(parts)
 
@@ -154,7 +208,8 @@ class _Server:
 
     def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int):
         settings = asdict(config)
-        settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None)
+        settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None,
+                        hide=home_folders())
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
@@ -223,14 +278,18 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.config.validate()
         self.num_workers = max(1, int(num_workers or available_cpus()))
-        self._root = Path(tempfile.mkdtemp(prefix="codeparrot-sandbox-"))
+        remove_stale_roots()
+        self._root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-"))
         os.chmod(self._root, 0o711)
+        # Held while we live (released by the kernel however we die): marks the folder as in use.
+        self._owner_fd = os.open(self._root / OWNER_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self.uid_base = self.config.uid_base if self.config.uid_base is not None else pick_uid_base(self.num_workers)
         self._servers: list[_Server | None] = [None] * self.num_workers
         self._lock = threading.Lock()
         self.layers: dict | None = None
         # Workers and the workspace go away even when close() is never called (e.g. start() raised).
-        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root)
+        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root, self._owner_fd)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -314,9 +373,10 @@ class Sandbox:
         self._finalizer()
 
 
-def _shutdown(servers: list, root: Path) -> None:
+def _shutdown(servers: list, root: Path, owner_fd: int) -> None:
     for slot, server in enumerate(servers):
         if server is not None:
             server.close()
             servers[slot] = None
     shutil.rmtree(root, ignore_errors=True)
+    os.close(owner_fd)

@@ -3,14 +3,16 @@
 Loaded by `sandbox_server.py` (a `python -I -S` process); `run_program` is called in a freshly forked child
 that already has its limits, namespaces and unprivileged uid (see `codeparrot/sandbox.py` for the layers).
 
-The verdict channel. A pass is the line `P <nonce>` on the result pipe. The 32-hex-digit nonce is read
+The verdict channel. A pass is the line `P <nonce>` on the result pipe; a refusal `D <nonce> <event>`, a
+failure `F <nonce> <exception>`; lines without the nonce are program output. The 32-hex-digit nonce is read
 from a pipe the server fills after the fork and kept only in the audit hook's closure (never in argv, env,
 files, globals, or any frame that program code can reach: the hook runs no program code, compares only
 exact builtin types, and turns any exception into a refusal, so no traceback leads into it). The hook
 writes it when the event `codeparrot.report` comes from the checker's own code (`_after_program`) called
 directly by the frame that raised the first `codeparrot.start`, before any program code ran; the checker
 raises it only after `check(candidate)` returned. So `sys.exit(0)`, `os._exit(0)`, printing "passed",
-writing a fake line to the pipe or raising the event from program code never counts as a pass.
+writing a fake line to the pipe or raising the event from program code never counts as a pass. Failure
+details go the same way (`codeparrot.fail`, accepted only from `_fail` called by the checker's frames).
 
 The checker's integrity. The test runs in its own namespace: builtins are a snapshot taken before the
 program ran (a completion that shadows or patches `abs`, `isinstance`, `len`, `AssertionError`... does not
@@ -24,14 +26,23 @@ Guard events refused always ("integrity"): ctypes, gc introspection (get_objects
 function/code construction, sys.settrace/setprofile/_current_frames/addaudithook, sub-interpreters,
 opening /proc/*/mem. Refused with `contain=True` ("containment", the only barrier when the kernel offers
 no namespaces): sockets, fork/exec/spawn/subprocess/system, signals to other processes, rlimit changes,
-writes/removals/renames outside the workspace, symlinks/hardlinks, any path under /proc, non-string paths.
-A refused event ends the process at once (`D <event>` on the result pipe): no exception that program code
-could catch, and no traceback holding the hook's frame.
+writes/removals/renames outside the workspace, symlinks/hardlinks, any path under /proc (opened, listed
+or scanned), non-string paths. Paths are resolved the way the kernel does (symlinks followed, `..` after
+them, with `os.lstat`/`os.readlink` bound before program code runs), so `/dev/fd/../../<pid>/environ`
+is a /proc path and `/dev/fd/../../self/cwd/../../../x` is outside the workspace; a path that passes
+through /proc on the way counts as /proc. `os.open` may carry a `dir_fd` the hook cannot see: there a
+relative path with `..` is refused. A refused event ends the process at once (`D <nonce> <event>` on the
+result pipe): no exception that program code could catch, and no traceback holding the hook's frame.
 
 Not prevented (documented limits): a candidate returning an object whose `__eq__` always says True; code
 that deliberately walks interpreter frames (sys._getframe / tracebacks, which stdlib modules need) to
 patch the test's namespace while `check` runs. Both are targeted attacks on the score, not accidents, and
-neither weakens containment, which the operating system enforces.
+neither weakens containment, which the operating system enforces. In guard-only mode, native code is out
+of any audit hook's reach: ctypes is refused (its dlopen/dlsym/call events), but a syscall made from
+native code some other way (a crafted extension, a memory-corruption bug) is not seen by the guard; the
+seccomp filter `sandbox_server` installs there is what stops kill/pidfd/ptrace of other processes.
+Functions that signal other processes without an audit event (`os.pidfd_open`,
+`signal.pidfd_send_signal`, ...) are removed before the guard installs, a speed bump only.
 """
 
 import os
@@ -49,24 +60,28 @@ _CONTAIN = frozenset({
     "syslog.openlog", "syslog.syslog", "os.chroot", "webbrowser.open", "os.startfile", "pty.spawn",
     "os.mkfifo", "os.mknod", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr",
 })
-# Path-taking events: (index of the path argument(s), index of dir_fd or None).
+# Path-taking events: (index of the path argument(s), index of dir_fd or None). Checked after resolving
+# symlinks; the last component is followed except for these (they act on the link itself).
+_NO_FOLLOW = frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.rename", "shutil.rmtree", "shutil.move"})
 _PATH_EVENTS = {
     "os.remove": ((0,), 1), "os.rmdir": ((0,), 1), "os.mkdir": ((0,), 2), "os.rename": ((0, 1), 2),
     "os.truncate": ((0,), None), "os.chmod": ((0,), 2), "os.chown": ((0,), 3), "os.utime": ((0,), 3),
     "os.chdir": ((0,), None), "shutil.rmtree": ((0,), 1), "shutil.move": ((0, 1), None),
     "shutil.copyfile": ((1,), None), "shutil.copytree": ((1,), None), "sqlite3.connect": ((0,), None),
 }
-_NO_IMPORT = frozenset({"_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels"})
+# A fresh import of posix/_signal would bring back the functions sandbox_server removed.
+_NO_IMPORT = frozenset({"_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels", "posix", "_signal"})
 
 
-def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, reporter) -> None:
+def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, reporter, failer) -> None:
     """Read the nonce from `nonce_fd` and install the audit hook. Everything the hook touches is bound to
     a local here, so patching builtins or modules later cannot change what the hook does."""
     _read, _close, _write, _exit, _getpid = os.read, os.close, os.write, os._exit, os.getpid
     _getcwd, _getframe, _type, _str, _bytes, _int, _len = os.getcwd, sys._getframe, type, str, bytes, int, len
+    _lstat, _readlink, _item, _OSError = os.lstat, os.readlink, tuple.__getitem__, OSError  # stat_result is patchable
     _BaseException = BaseException
     integrity, contain_events, path_events, no_import = _INTEGRITY, _CONTAIN, _PATH_EVENTS, _NO_IMPORT
-    write_flags = _WRITE_FLAGS
+    no_follow, write_flags = _NO_FOLLOW, _WRITE_FLAGS
     nonce = b""
     while _len(nonce) < 32:
         chunk = _read(nonce_fd, 32 - _len(nonce))
@@ -75,31 +90,64 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
         nonce += chunk
     _close(nonce_fd)
     me = _getpid()
-    ws = workspace.rstrip("/")
     state = [None, False]  # [checker frame, reported]
 
     def deny(event):
         try:
-            _write(result_fd, b"D " + event.encode("ascii", "replace")[:120] + b"\n")
+            _write(result_fd, b"D " + nonce + b" " + event.encode("ascii", "replace")[:120] + b"\n")
         finally:
             _exit(252)
 
     def absolute(path):
-        """Normalized absolute path of an exact str/bytes path (no filesystem access), or None."""
+        """An exact str/bytes path made absolute against the working directory (as a str), or None."""
         if _type(path) is _bytes:
             path = path.decode("utf-8", "surrogateescape")
         elif _type(path) is not _str:
             return None
         if not path.startswith("/"):
             path = _getcwd() + "/" + path
-        parts = []
-        for part in path.split("/"):
+        return path
+
+    def resolve(path, follow_last):
+        """(resolved path, passed through /proc) of an absolute path, the way the kernel walks it: each
+        symlink replaced by its target, `..` applied to what it resolved to. A component that does not
+        exist (or cannot be examined) is kept as written, like the kernel creating or failing there."""
+        todo = path.split("/")
+        todo.reverse()
+        done, proc, links = "", False, 0
+        while todo:
+            part = todo.pop()
+            if part == "" or part == ".":
+                continue
             if part == "..":
-                if parts:
-                    parts.pop()
-            elif part and part != ".":
-                parts.append(part)
-        return "/" + "/".join(parts)
+                done = done[:done.rfind("/")] if done else ""
+                continue
+            candidate = done + "/" + part
+            if candidate == "/proc" or candidate.startswith("/proc/"):
+                proc = True
+            if not todo and not follow_last:
+                done = candidate
+                break
+            try:
+                mode = _item(_lstat(candidate), 0)
+            except _OSError:
+                done = candidate
+                continue
+            if mode & 0o170000 != 0o120000:  # not a symlink
+                done = candidate
+                continue
+            links += 1
+            if links > 40:  # the kernel's ELOOP
+                return candidate, proc
+            target = _readlink(candidate)
+            if target.startswith("/"):
+                done = ""
+            more = target.split("/")
+            more.reverse()
+            todo.extend(more)
+        return done or "/", proc
+
+    ws = resolve(workspace, True)[0]
 
     def inside(path):
         return path is not None and (path == ws or path.startswith(ws + "/"))
@@ -117,16 +165,19 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
             full = absolute(path)
             if full is None:
                 deny("open of a non-string path")
-            tail = full.rsplit("/", 1)[-1]
-            if (full.startswith("/proc/") and tail == "mem") or (mode is None and tail == "mem"):
-                deny("open " + full)
+            real, proc = resolve(full, True)
+            tail = real.rsplit("/", 1)[-1]
+            if (proc and tail == "mem") or (mode is None and full.rsplit("/", 1)[-1] == "mem"):
+                deny("open " + real)
             if contain:
+                if proc:
+                    deny("open " + real)
+                relative = not (path.startswith("/") if exact(path, _str) else path.startswith(b"/"))
+                if mode is None and relative and ".." in full.split("/"):  # os.open with an unseen dir_fd
+                    deny("os.open of a relative path with ..")
                 writing = exact(flags, _int) and flags & write_flags
-                if full.startswith("/proc/") or full == "/proc":
-                    deny("open " + full)
-                if writing and (not inside(full) or (mode is None and not path.startswith(
-                        "/" if exact(path, _str) else b"/"))):  # os.open may carry a dir_fd we cannot see
-                    deny("open for writing " + full)
+                if writing and (not inside(real) or (mode is None and relative)):
+                    deny("open for writing " + real)
         elif event == "codeparrot.start":
             if state[0] is None:
                 state[0] = _getframe(2)
@@ -135,6 +186,12 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
             if state[0] is not None and not state[1] and frame.f_code is reporter and frame.f_back is state[0]:
                 state[1] = True
                 _write(result_fd, b"P " + nonce + b"\n")
+        elif event == "codeparrot.fail":  # from `failer`'s code, called by the registered frame or `reporter`
+            frame = _getframe(2)
+            caller = frame.f_back
+            if (state[0] is not None and frame.f_code is failer and exact(args[0], _str)
+                    and (caller is state[0] or (caller.f_code is reporter and caller.f_back is state[0]))):
+                _write(result_fd, b"F " + nonce + b" " + args[0].encode("utf-8", "replace") + b"\n")
         elif not contain:
             return
         elif event in contain_events or event.startswith("socket."):
@@ -145,6 +202,16 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
         elif event == "os.kill":
             if not exact(args[0], _int) or args[0] != me:
                 deny(event)
+        elif event == "os.listdir" or event == "os.scandir":
+            target = args[0]
+            if target is None or exact(target, _int):  # the working directory, or an fd opened through us
+                return
+            full = absolute(target)
+            if full is None:
+                deny(event + " of a non-string path")
+            real, proc = resolve(full, True)
+            if proc:
+                deny(event + " " + real)
         elif event in path_events:
             where, dir_fd_at = path_events[event]
             if dir_fd_at is not None and _len(args) > dir_fd_at:
@@ -155,7 +222,8 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
                 if exact(args[i], _int) or (exact(args[i], _str) and event == "sqlite3.connect"
                                             and args[i] == ":memory:"):
                     continue
-                if not inside(absolute(args[i])):
+                full = absolute(args[i])
+                if full is None or not inside(resolve(full, event not in no_follow)[0]):
                     deny(event + " outside the workspace")
 
     def hook(event, args):
@@ -170,8 +238,8 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
 def run_program(job: dict, result_fd: int) -> None:
     """Execute prompt + completion, then the test and `check(candidate)`; report through the audit hook.
 
-    Never returns: the process ends with os._exit. Failure details (untrusted: the program can write to
-    the pipe too) go to `result_fd` as `F <ExceptionType>: <message>`.
+    Never returns: the process ends with os._exit. Failure details go through the guard (`_fail` raises
+    `codeparrot.fail`), which writes `F <nonce> <ExceptionType>: <message>` to `result_fd`.
     """
     import builtins
 
@@ -236,7 +304,7 @@ def _fail(b: dict, prefix: str, err=None) -> None:
         except b["BaseException"]:
             text += "<unprintable exception>"
     try:
-        b["write"](b["result_fd"], ("F " + text.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
+        b["audit"]("codeparrot.fail", text.replace("\n", " ")[:500])  # the guard writes it, with the nonce
     finally:
         b["exit"](1)
 
@@ -281,3 +349,4 @@ def _after_program(b, program_ns, helpers, test_code, entry_point):
 
 
 REPORTER_CODE = _after_program.__code__  # the only code allowed to raise `codeparrot.report`
+FAILER_CODE = _fail.__code__  # the only code allowed to raise `codeparrot.fail`

@@ -18,6 +18,12 @@ all capabilities in a user namespace), installs the audit-hook guard and runs `s
 On the wall-clock deadline the server SIGKILLs it; as the init of its PID namespace its death makes the
 kernel kill every process it started, grandchildren and `setsid` escapees included, before the watchdog's
 wait returns. Without PID namespaces the program's process group is killed (the guard refuses fork then).
+
+Three pipes per job. The result pipe (fd 3 in the program) carries `P|D|F <nonce> ...` lines written by the
+audit hook, which alone knows the nonce (fd 4, read and closed while the guard installs): a pass, a
+refusal, a failure detail. The program can write to fd 3 too, but without the nonce its lines are just
+output: it can fail itself, never fake a pass, a refusal or a sandbox error. Sandbox errors go through a
+third pipe (fd 5) that the watchdog and the program's setup write to, closed before program code runs.
 """
 
 import fcntl
@@ -33,14 +39,21 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sandbox_child  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
 from sandbox_setup import (CLONE_NEWPID, PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS,  # noqa: E402
-                           PR_SET_PDEATHSIG, drop_capabilities, prctl, probe, refusal, setup, unshare)
+                           PR_SET_PDEATHSIG, drop_capabilities, no_foreign_signals, prctl, probe, refusal, setup,
+                           unshare)
 
 sys.path.pop(0)
 WATCHDOG_ERROR, SETUP_ERROR = 250, 251  # exit codes of our own failures (never a program's verdict)
+# Functions that act on other processes without raising an audit event: removed before the guard installs
+# (kill and killpg raise events and are refused by the guard). A program can rebuild the modules (e.g.
+# `_imp.create_builtin`), so this is a speed bump; the seccomp filter is the barrier in guard-only mode.
+UNAUDITED = {"os": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"),
+             "posix": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"),
+             "signal": ("pidfd_send_signal",), "_signal": ("pidfd_send_signal",)}
 
 
 # ------------------------------------------------------------------------------------------------ per job
-def _watchdog(cfg, layers, job, nonce_r, res_w, pid_w, unused) -> None:
+def _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused) -> None:
     """Child of the server: start the program in a new PID namespace, report its pid, wait, exit with its
     status (exit code 0..127, or 128 + signal). Never returns."""
     try:
@@ -52,7 +65,7 @@ def _watchdog(cfg, layers, job, nonce_r, res_w, pid_w, unused) -> None:
             unshare(CLONE_NEWPID)
         pid = os.fork()
         if pid == 0:
-            _program(cfg, layers, job, nonce_r, res_w)
+            _program(cfg, layers, job, nonce_r, res_w, err_w)
         os.close(nonce_r)
         os.close(res_w)
         os.write(pid_w, str(pid).encode())
@@ -63,21 +76,24 @@ def _watchdog(cfg, layers, job, nonce_r, res_w, pid_w, unused) -> None:
         os._exit(min(os.WEXITSTATUS(status), 127))
     except BaseException as err:
         try:
-            os.write(res_w, f"E watchdog: {err}\n".encode())
+            os.write(err_w, f"E watchdog: {err}\n".encode())
         finally:
             os._exit(WATCHDOG_ERROR)
 
 
-def _program(cfg, layers, job, nonce_r, res_w) -> None:
+def _program(cfg, layers, job, nonce_r, res_w, err_w) -> None:
     """The program's process: workspace, limits, privileges, guard, then run it. Never returns."""
+    err_fd = err_w
     try:
-        high_res, high_nonce = fcntl.fcntl(res_w, fcntl.F_DUPFD, 100), fcntl.fcntl(nonce_r, fcntl.F_DUPFD, 100)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (res_w, nonce_r, err_w)]
+        err_fd = high[2]
         devnull = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        os.dup2(high_res, 3)
-        os.dup2(high_nonce, 4)
-        os.closerange(5, max(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        for target, fd in zip((3, 4, 5), high):  # result pipe, nonce, sandbox errors
+            os.dup2(fd, target)
+        err_fd = 5
+        os.closerange(6, max(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
         os.setsid()
         workdir = os.path.join(cfg["workspace"], f"job-{job['_n']}")
         os.mkdir(workdir, 0o700)
@@ -103,8 +119,17 @@ def _program(cfg, layers, job, nonce_r, res_w) -> None:
             drop_capabilities()
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+        if layers["seccomp"]:  # no PID namespace, our uid: the kernel refuses signals to other processes
+            no_foreign_signals(os.getpid())
+        if cfg["guard"]:
+            for module_name, names in UNAUDITED.items():
+                module = sys.modules.get(module_name)
+                for name in names:
+                    if module is not None and hasattr(module, name):
+                        delattr(module, name)
         os.environ.clear()
         os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+        sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
         sys.modules["__main__"] = type(sys)("__main__")
         for name in ("sandbox_child", "sandbox_setup"):  # our code: not for the program to import
             sys.modules.pop(name, None)
@@ -112,10 +137,11 @@ def _program(cfg, layers, job, nonce_r, res_w) -> None:
         sys.path_importer_cache.clear()
         _remap_packages(layers["path_map"])
         sandbox_child.install_guard(4, 3, workdir, contain=bool(cfg["guard"]),
-                                    reporter=sandbox_child.REPORTER_CODE)
+                                    reporter=sandbox_child.REPORTER_CODE, failer=sandbox_child.FAILER_CODE)
+        os.close(5)  # the sandbox-error channel: never open while program code runs
     except BaseException as err:
         try:
-            os.write(3, f"E program setup: {err}\n".encode())
+            os.write(err_fd, f"E program setup: {type(err).__name__}: {err}\n".encode())
         finally:
             os._exit(SETUP_ERROR)
     sandbox_child.run_program(job, 3)
@@ -204,25 +230,34 @@ _SIGNAL_DETAIL = {signal.SIGXCPU: "CPU time limit (SIGXCPU)", signal.SIGXFSZ: "f
                   signal.SIGSEGV: "SIGSEGV (stack overflow or memory limit)"}
 
 
-def classify(data: bytes, nonce: bytes, code: int, timed_out: bool, timeout: float) -> tuple[str, str]:
-    """(status, detail) from the result pipe and the watchdog's exit code. Only `P <nonce>` is a pass."""
+def classify(data: bytes, errors: bytes, nonce: bytes, code: int, timed_out: bool,
+             timeout: float) -> tuple[str, str]:
+    """(status, detail) from the result pipe, the error pipe and the watchdog's exit code.
+
+    Only lines carrying the nonce come from the guard (`P <nonce>` a pass, `D <nonce> <event>` a refusal,
+    `F <nonce> <exception>` a failure); anything else on the result pipe is program output. `errors` holds
+    what the watchdog or the program's setup reported before any program code ran.
+    """
+    if errors.strip():
+        return "error", errors.decode("utf-8", "replace").strip().splitlines()[0][2:]
+    if code == WATCHDOG_ERROR:  # a program's exit code reaches us as 0..127 (or 128 + signal)
+        return "error", "watchdog failed"
     lines = data.split(b"\n")
     if b"P " + nonce in lines:
         return "passed", ""
     if timed_out:
         return "timed out", f"wall-clock limit of {timeout:g}s"
-    text = {tag: line[2:].decode("utf-8", "replace") for line in lines for tag in ("E", "D", "F")
-            if line.startswith(tag.encode() + b" ")}
-    if "E" in text:
-        return "error", text["E"]
-    if "D" in text:
-        return "killed", f"sandbox refused {text['D']}"
-    if "F" in text:
-        if text["F"].startswith("MemoryError") or ": MemoryError" in text["F"]:
+    text = {}
+    for line in lines:
+        tag = line[:1]
+        if tag in (b"D", b"F") and tag not in text and line.startswith(tag + b" " + nonce + b" "):
+            text[tag] = line[len(nonce) + 3:].decode("utf-8", "replace")
+    if b"D" in text:
+        return "killed", f"sandbox refused {text[b'D']}"
+    if b"F" in text:
+        if text[b"F"].startswith("MemoryError") or ": MemoryError" in text[b"F"]:
             return "killed", "memory limit (MemoryError)"
-        return "failed", text["F"]
-    if code == WATCHDOG_ERROR:
-        return "error", "watchdog failed"
+        return "failed", text[b"F"]
     if code >= 128:
         sig = code - 128
         return "killed", _SIGNAL_DETAIL.get(sig, f"killed by signal {sig}")
@@ -234,11 +269,12 @@ def run_job(cfg: dict, layers: dict, job: dict) -> dict:
     timeout = float(job["timeout"])
     nonce_r, nonce_w = os.pipe()
     res_r, res_w = os.pipe()
+    err_r, err_w = os.pipe()
     pid_r, pid_w = os.pipe()
     watchdog = os.fork()
     if watchdog == 0:
-        _watchdog(cfg, layers, job, nonce_r, res_w, pid_w, unused=(nonce_w, res_r, pid_r, 0, 1))
-    for fd in (nonce_r, res_w, pid_w):
+        _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused=(nonce_w, res_r, err_r, pid_r, 0, 1))
+    for fd in (nonce_r, res_w, err_w, pid_w):
         os.close(fd)
     nonce = os.urandom(16).hex().encode()  # made after the fork: no copy of it in the program's memory
     try:
@@ -265,10 +301,11 @@ def run_job(cfg: dict, layers: dict, job: dict) -> dict:
         _kill(program, group=True)
         if layers["uid"] is not None:
             _sweep_uid(layers["uid"])
-    data = _drain(res_r)
+    data, errors = _drain(res_r), _drain(err_r)
     os.close(res_r)
+    os.close(err_r)
     code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    state, detail = classify(data, nonce, code, timed_out, timeout)
+    state, detail = classify(data, errors, nonce, code, timed_out, timeout)
     _rmtree(os.path.join(cfg["workspace"], f"job-{job['_n']}"))
     _reap_orphans()
     return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4)}

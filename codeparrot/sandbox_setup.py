@@ -6,6 +6,17 @@ namespace where `/` and everything below it is read-only (mount_setattr(2), recu
 worker's workspace, a size-limited tmpfs. It probes, never assumes: PID namespaces (one per program, made
 by the watchdog) and the switch to the private uid are tried in throwaway children. The returned `layers`
 dict is reported to the harness; `refusal` says when they are not enough to run anything.
+
+Home folders (the harness's $HOME, the user's home, /root, /home) are covered by an empty tmpfs inside the
+mount namespace, so tokens (~/.cache/huggingface/token, ~/.netrc, ~/.ssh) are unreadable even by a
+program that keeps our uid (user-namespace mode). What must stay reachable below them (the interpreter's
+prefix and sys.path when Python lives under $HOME, e.g. pyenv; the workspace) is bind-mounted back at
+its own path from a descriptor opened before the cover went on.
+
+Where processes outside the program's own are visible and signalable (no PID namespace and no private
+uid: the guard-only mode), `no_foreign_signals` installs a seccomp filter: kill/tgkill/pidfd/ptrace and
+other syscalls that act on another process fail with EPERM in the kernel, whatever Python or native code
+issues them.
 """
 
 import ctypes
@@ -15,7 +26,12 @@ import sys
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442  # 442 on every arch
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
+# Never covered, even when $HOME names one (HOME=/ or HOME=/usr would hide the system): these folders, their
+# ancestors, and anything inside the system trees.
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys",
+               "/tmp", "/usr", "/var")
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -65,6 +81,83 @@ def drop_capabilities() -> None:
     _ok(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
+# seccomp: syscalls that act on another process, per architecture (AUDIT_ARCH, {name: number}).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {"kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
+                            "rt_tgsigqueueinfo": 297, "ptrace": 101, "setpriority": 141, "sched_setparam": 142,
+                            "sched_setscheduler": 144, "sched_setaffinity": 203, "ioprio_set": 251,
+                            "migrate_pages": 256, "move_pages": 279, "prlimit64": 302, "process_vm_readv": 310,
+                            "process_vm_writev": 311, "sched_setattr": 314}),
+    "aarch64": (0xC00000B7, {"kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
+                             "rt_tgsigqueueinfo": 240, "ptrace": 117, "setpriority": 140, "sched_setparam": 118,
+                             "sched_setscheduler": 119, "sched_setaffinity": 122, "ioprio_set": 30,
+                             "migrate_pages": 238, "move_pages": 239, "prlimit64": 261, "process_vm_readv": 270,
+                             "process_vm_writev": 271, "sched_setattr": 274}),
+}
+_SAME_ON_ALL = {"pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_madvise": 440}
+_DENY_ALWAYS = ("tkill", "ptrace", "process_vm_readv", "process_vm_writev", "setpriority", "ioprio_set",
+                "pidfd_send_signal", "pidfd_open", "pidfd_getfd", "process_madvise")
+_SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: our own pid
+_SELF_OR_ZERO = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr",
+                 "migrate_pages", "move_pages")  # first argument: 0 (= us) or our own pid
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def no_foreign_signals(pid: int) -> None:
+    """Install a seccomp filter (needs PR_SET_NO_NEW_PRIVS): signals only to `pid` itself; no pidfd, ptrace,
+    process_vm_*, and no priority/affinity/limit changes of another process (EPERM). Inherited by children.
+
+    seccomp_data: nr (u32) at offset 0, arch (u32) at 4, args (u64 each) from 16; the kernel reads a pid_t
+    argument as the low 32 bits, which is all we compare. Another ABI (x32, i386) gets EPERM for everything.
+    """
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        raise OSError(f"seccomp filter: no syscall table for {machine}")
+    arch, numbers = _SYSCALLS[machine]
+    numbers = {**numbers, **_SAME_ON_ALL}
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    checks = ([(numbers[n], "deny") for n in _DENY_ALWAYS] + [(numbers[n], "self") for n in _SELF_ONLY]
+              + [(numbers[n], "zero") for n in _SELF_OR_ZERO])
+    # [0..4] arch check, load nr, x32 -> deny; [5..5+C) one jeq per syscall; [5+C] allow; then three tails.
+    deny = 6 + len(checks)
+    tails = {"deny": deny, "self": deny + 1, "zero": deny + 5}
+    pid32 = pid & 0xFFFFFFFF
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0), (jge, deny - 5, 0, 0x40000000)]
+    for number, kind in checks:  # a jump is relative: next pc = pc + 1 + jt
+        prog.append((jeq, tails[kind] - len(prog) - 1, 0, number))
+    prog.append((ret, 0, 0, allow))
+    prog.append((ret, 0, 0, eperm))  # deny
+    prog += [(ld, 0, 0, 16), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)]  # self: arg0 == pid
+    prog += [(ld, 0, 0, 16), (jeq, 2, 0, 0), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)]  # zero
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    fprog = _SockFprog(len(prog), filters)
+    _ok(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0),
+                    ctypes.c_ulong(0)), "seccomp filter")
+
+
+def _seccomp_works() -> bool:
+    """In a throwaway child: install the filter, then kill(parent, 0) (sends nothing) must fail with EPERM
+    while kill(self, 0) succeeds."""
+    def check():
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        no_foreign_signals(os.getpid())
+        os.kill(os.getpid(), 0)
+        try:
+            os.kill(os.getppid(), 0)
+        except PermissionError:
+            return
+        raise RuntimeError("the filter let a signal through")
+    return probe(check)
+
+
 def probe(fn) -> bool:
     """Run `fn` in a throwaway child: does the kernel let us do it?"""
     pid = os.fork()
@@ -93,18 +186,56 @@ def _stdlib_binds(ws: str) -> list[tuple[str, str]]:
     return [(path, os.path.join(ws, f".python-{i}")) for i, path in enumerate(sys.path) if os.path.isdir(path)]
 
 
+def _covered(path: str, folders) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _outermost(paths) -> list[str]:
+    """Real, existing folders among `paths`, without those inside another one of them."""
+    real = sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
+    return [p for i, p in enumerate(real) if not _covered(p, real[:i])]
+
+
+def _hide_homes(folders, keep) -> list[str]:
+    """Cover each home folder with an empty tmpfs (read-only once `/` is made so); bind every `keep` folder
+    below it back at its own path. Returns the folders covered."""
+    hidden = []
+    for home in _outermost(folders):
+        if _covered(home, SYSTEM_TREES) or any(_covered(d, [home]) for d in SYSTEM_DIRS):
+            continue
+        below = [k for k in _outermost(keep) if _covered(k, [home])]
+        # Opened before the cover goes on: afterwards these paths name the empty tmpfs.
+        fds = [(k, os.open(k, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for k in below]
+        try:
+            mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for k, fd in fds:
+                path = home
+                for part in k[len(home):].strip("/").split("/"):
+                    path = os.path.join(path, part)
+                    if not os.path.isdir(path):
+                        os.mkdir(path)
+                        os.chmod(path, 0o755)  # whatever the umask: a private uid must traverse it
+                mount(f"/proc/self/fd/{fd}", k, None, MS_BIND | MS_REC)
+        finally:
+            for _, fd in fds:
+                os.close(fd)
+        hidden.append(home)
+    return hidden
+
+
 def setup(cfg: dict) -> dict:
     """Enter the namespaces the kernel allows; return which layers are active (probed, never assumed)."""
     layers = {"user_namespace": False, "network_namespace": False, "mount_namespace": False,
               "readonly_root": False, "workspace_tmpfs": False, "pid_namespace": False, "uid": None,
-              "guard": bool(cfg["guard"]), "sys_path": list(sys.path), "path_map": [], "notes": []}
+              "hidden_homes": [], "seccomp": False, "guard": bool(cfg["guard"]), "sys_path": list(sys.path),
+              "path_map": [], "notes": []}
     root, ws = os.geteuid() == 0, cfg["workspace"]
     uid = int(cfg["uid"]) if root and cfg.get("uid") is not None else None
     if uid is not None and not probe(lambda: (os.setgroups([]), os.setresgid(uid, uid, uid),
                                                os.setresuid(uid, uid, uid))):
         layers["notes"].append(f"cannot switch to uid {uid}: programs run as root")
         uid = None
-    binds = _stdlib_binds(ws) if uid is not None and not _can_read_stdlib(uid) else []
+    stdlib_unreadable = uid is not None and not _can_read_stdlib(uid)
     if cfg["namespaces"]:
         if not root:
             me, group = os.getuid(), os.getgid()
@@ -132,24 +263,36 @@ def setup(cfg: dict) -> dict:
                     layers["workspace_tmpfs"] = True
                 except OSError:
                     mount(ws, ws, None, MS_BIND)  # the workspace as its own mount, so it can stay writable
-                for source, target in binds:  # a stdlib the private uid cannot reach (e.g. under /root)
-                    os.mkdir(target, 0o755)
-                    mount(source, target, None, MS_BIND)
-                    layers["sys_path"][sys.path.index(source)] = target
-                    layers["path_map"].append((source, target))
-                binds = []
+                keep = [ws, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]
+                try:
+                    layers["hidden_homes"] = _hide_homes(cfg.get("hide", []), keep)
+                except OSError as err:
+                    layers["notes"].append(f"home folders not hidden ({err})")
+                # The private uid may still be unable to read a stdlib outside the home folders (a 0700 parent).
+                if stdlib_unreadable and not _can_read_stdlib(uid):
+                    for source, target in _stdlib_binds(ws):
+                        os.mkdir(target, 0o755)
+                        mount(source, target, None, MS_BIND)
+                        layers["sys_path"][sys.path.index(source)] = target
+                        layers["path_map"].append((source, target))
+                stdlib_unreadable = False
                 set_readonly("/", readonly=True, recursive=True)
                 set_readonly(ws, readonly=False, recursive=False)  # its stdlib binds stay read-only
                 layers["readonly_root"] = True
             except OSError as err:
                 layers["notes"].append(f"mount namespace incomplete ({err}): writes are confined by uid/guard only")
             layers["pid_namespace"] = probe(lambda: unshare(CLONE_NEWPID))
-    if binds:
+    if stdlib_unreadable:
         layers["notes"].append(f"uid {uid} cannot read the stdlib and there is no mount namespace: "
                                f"programs run as root")
         uid = None
     layers["uid"] = uid
     layers["sys_path"] = [p for p in layers["sys_path"] if os.path.isdir(p)]
+    # Without a PID namespace and a private uid the program could signal or ptrace our processes.
+    if not layers["pid_namespace"] and uid is None:
+        layers["seccomp"] = _seccomp_works()
+        if not layers["seccomp"]:
+            layers["notes"].append("no seccomp filter: only the guard stops signals to other processes")
     return layers
 
 

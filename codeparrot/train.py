@@ -12,6 +12,7 @@ steps: the loss is summed on device and reduced once per `log_steps`.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -122,6 +123,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     stop = False  # set at a log step when max_minutes has run out (agreed on by all processes)
     profiler = None
     bar = tqdm(total=cfg.max_steps, initial=step, unit="step", dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 30,  # a log file gets an update every 30 s, not 10/s
                disable=not (main and cfg.logging.progress_bar))
     while step < cfg.max_steps:
         if profile_steps and step + 1 == profile_steps[0]:
@@ -276,7 +278,6 @@ def load_model(cfg: TrainConfig, model_dir: Path):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False  # no KV cache while training
     skip_padding_check(model)  # a host sync per forward otherwise
     return model
 
@@ -285,7 +286,7 @@ def forward_loss(model, head: torch.Tensor | None, batch: torch.Tensor) -> torch
     """Mean next-token cross-entropy of `batch` [B, T] (labels = inputs): fused with the LM head when `head`
     (its weight) is given, else through the model's own loss."""
     if head is None:
-        return model(input_ids=batch, labels=batch).loss
+        return model(input_ids=batch, labels=batch, use_cache=False).loss
     loss_sum, count = causal_lm_loss(model, head, batch)
     return loss_sum / count
 

@@ -40,30 +40,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_source(path: Path) -> str:
-    """The file's exact text (no newline translation), or a one-line error."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise CodeParrotError(f"{path}: {err.strerror or err}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise CodeParrotError(f"{path}: not UTF-8 text (invalid byte at offset {err.start}, line {line})") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import transformers
 
     from codeparrot.atomic_io import atomic_write_text
-    from codeparrot.generation import load_model_and_tokenizer
+    from codeparrot.generation import load_model_and_tokenizer, read_source_file
     from codeparrot.highlight import format_lines, most_surprising, render_html, score_file
 
     transformers.utils.logging.disable_progress_bar()
     path = Path(args.file)
-    text = read_source(path)
+    text = read_source_file(path)
     if not text:
         raise CodeParrotError(f"{path}: the file is empty; nothing to score")
     if Path(args.output).resolve() == path.resolve():

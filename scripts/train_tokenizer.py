@@ -32,8 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: 32768, CodeParrot's)")
     p.add_argument("--text-column", default="content", help="JSON field holding the file's text (default: content)")
     p.add_argument("--valid-dataset", nargs="+", metavar="PATH_OR_GLOB",
-                   help="files to measure bytes/token on (default: the valid/ split next to the training shards; "
-                        "without one, the files that follow the training examples in the stream)")
+                   help="files to measure bytes/token on (a preprocess root stands for its valid/; default: the "
+                        "valid/ split next to the training shards, or without one the files that follow the training "
+                        "examples in the stream)")
     p.add_argument("--valid-examples", type=int, default=2000,
                    help="at most this many validation files are measured (default: 2000)")
     p.add_argument("--repo", help="optionally commit the tokenizer to this checkpoint repository's main branch "
@@ -57,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "tokenizer.json").is_file())):
         raise CodeParrotError(f"{out} exists and is not a tokenizer folder; refusing to replace it")
     train_files = resolve_data_files(args.dataset, split="train")  # a preprocess root stands for its train/
-    valid_files = (resolve_data_files(args.valid_dataset, split="valid") if args.valid_dataset
-                   else split_files_for(args.dataset[0], "valid") if len(args.dataset) == 1 else None)
+    valid_files = resolve_data_files(args.valid_dataset, split="valid") if args.valid_dataset else None
+    if valid_files is None and len(args.dataset) == 1:
+        try:  # a preprocess root's valid/ split; a small corpus may have none (then held-out files are used)
+            valid_files = split_files_for(args.dataset[0], "valid")
+        except CodeParrotError:
+            valid_files = None
     skipped = BadRecords()  # bad records are counted and skipped, not fatal, in a long run
     stream = iter_texts(train_files, args.text_column, skipped)
     print(f"training a {args.vocab_size}-token byte-level BPE on up to {args.n_examples} files from "
@@ -75,25 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     else:  # the files after the training examples: unseen by the trainer
         valid_texts = list(itertools.islice(stream, args.valid_examples))
         valid_source = "held-out files after the training examples"
-    if not valid_texts:
-        raise CodeParrotError("no validation files to measure bytes/token on (the dataset has no valid/ split and "
-                              "no files beyond --n-examples; pass --valid-dataset or lower --n-examples)")
-    bpt = bytes_per_token(tokenizer, valid_texts)
+    # Training is the expensive part: without held-out text the tokenizer is still saved, bytes/token marked
+    # as not measured, rather than thrown away.
+    bpt = bytes_per_token(tokenizer, valid_texts) if valid_texts else None
+    if bpt is None:
+        print("warning: no validation files to measure bytes/token on (no valid/ split and no files beyond "
+              "--n-examples); saving the tokenizer without it (pass --valid-dataset to measure)", file=sys.stderr)
     stats.update(valid_examples=len(valid_texts), valid_source=valid_source,
-                 valid_bytes_per_token=round(bpt, 4), skipped_records=dict(skipped.counts),
+                 valid_bytes_per_token=None if bpt is None else round(bpt, 4), skipped_records=dict(skipped.counts),
                  text_column=args.text_column)
     if skipped.total:
         print("skipped records: " + "; ".join(skipped.summary_lines()), file=sys.stderr)
     save_tokenizer(tokenizer, out, stats)
     print(f"trained on {stats['train_examples']} files ({stats['train_bytes'] / 1e6:.1f} MB) in "
           f"{stats['train_seconds']:.1f} s ({stats['train_mb_per_s']:.2f} MB/s); vocab {len(tokenizer)}")
-    print(f"bytes/token on {len(valid_texts)} {valid_source}: {bpt:.3f}")
+    if bpt is not None:
+        print(f"bytes/token on {len(valid_texts)} {valid_source}: {bpt:.3f}")
     print(f"saved to {out}")
     if args.repo:
         from codeparrot.repository import open_repository
 
         repo = open_repository(args.repo, create=True)
-        commit = repo.commit_folder(out, "main", f"tokenizer (vocab {len(tokenizer)}, {bpt:.2f} bytes/token)")
+        measured = "" if bpt is None else f", {bpt:.2f} bytes/token"
+        commit = repo.commit_folder(out, "main", f"tokenizer (vocab {len(tokenizer)}{measured})")
         print(f"committed to {args.repo} main: {commit[:12]}")
     return 0
 

@@ -18,6 +18,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# What the "memorized" tiny model learned (`tiny_models`): greedy decoding from the first signature gives the
+# first body followed by "\ndef sub", so stop rules and loss maps have something real to work on.
+MEMORIZED_CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -80,3 +83,142 @@ def scripts_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script("generate")`: `scripts/generate.py` imported as a module (scripts are not a package), to call
+    its `main(argv)` in-process."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def memorized_code() -> str:
+    """The text the "memorized" model of `tiny_models` was overfit on."""
+    return MEMORIZED_CODE
+
+
+def _save_tiny_gpt2(tokenizer, folder: Path, memorize: str | None = None, n_positions: int = 64) -> Path:
+    """Save a 2-layer GPT-2 (optionally overfit on EOS + `memorize` + EOS) with its tokenizer into `folder`."""
+    import torch
+
+    from codeparrot.model import ModelConfig, build_model, to_gpt2_config
+
+    cfg = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0)
+    model = build_model(to_gpt2_config(cfg, tokenizer), seed=0)
+    if memorize is not None:
+        eos = tokenizer.eos_token_id
+        ids = torch.tensor([[eos] + tokenizer(memorize, add_special_tokens=False)["input_ids"] + [eos]])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        model.train()
+        for _ in range(150):
+            loss = model(ids, attention_mask=torch.ones_like(ids), labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert loss.item() < 0.05, f"tiny model failed to memorize (loss {loss.item():.3f})"
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, stdlib_texts) -> dict[str, Path]:
+    """Folders of tiny saved GPT-2s (2 layers, 64 wide) sharing one 800-token tokenizer trained on stdlib code:
+    "memorized" (overfit on `MEMORIZED_CODE`, context 64), "random" (untrained, context 64) and "random_ctx32"
+    (untrained, context 32). Built once per session; tests must not write into them."""
+    import torch
+
+    from codeparrot.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models train fastest on one thread (2-thread spinning is slow when busy)
+    try:
+        tok = train_tokenizer(stdlib_texts[:60], vocab_size=800, show_progress=False)
+        return {"memorized": _save_tiny_gpt2(tok, root / "memorized", MEMORIZED_CODE),
+                "random": _save_tiny_gpt2(tok, root / "random"),
+                "random_ctx32": _save_tiny_gpt2(tok, root / "random_ctx32", n_positions=32)}
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def memorized(tiny_models):
+    """(model, tokenizer) of the "memorized" tiny model, loaded on the CPU once per test module."""
+    from codeparrot.generation import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(tiny_models["memorized"]), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch on one thread for a module of tiny-model tests (2-thread OpenMP spinning is very slow on a busy
+    machine); use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --- data for the tokenizing datasets (constant-length, pretokenized, factory) ------------------------------
+@pytest.fixture(scope="session")
+def code_tokenizer(stdlib_texts):
+    """A 1,000-token byte-level BPE trained on the first 50 stdlib files (the others are held out)."""
+    from codeparrot.tokenizer import train_tokenizer
+
+    return train_tokenizer(stdlib_texts[:50], vocab_size=1000, show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def held_out_code(stdlib_texts) -> list[str]:
+    """40 real files `code_tokenizer` was not trained on, each cut after its first ~2,000 characters (at a line
+    end) to stay fast: about 700 tokens each."""
+    return [t[: t.find("\n", 2000) + 1] or t for t in stdlib_texts[50:90]]
+
+
+def _write_shards(folder: Path, texts: list[str], n_shards: int) -> Path:
+    import gzip
+    import json
+
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, len(texts), n_shards + 1).astype(int)
+    for s in range(n_shards):
+        with gzip.open(folder / f"file-{s + 1:012d}.json.gz", "wt", encoding="utf-8") as f:
+            for i in range(bounds[s], bounds[s + 1]):
+                f.write(json.dumps({"repo_name": "r", "path": f"{i}.py", "content": texts[i]}) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def write_shards():
+    """`write_shards(folder, texts, n_shards) -> folder`: gzip JSONL shards in the preprocess layout
+    (file-000000000001.json.gz, ...; contiguous slices of `texts` in order; fields repo_name, path, content)."""
+    return _write_shards
+
+
+def _eos_joined(tokenizer, texts: list[str]):
+    import numpy as np
+
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return np.array([t for doc in ids for t in doc + [tokenizer.eos_token_id]], dtype=np.int64)
+
+
+@pytest.fixture(scope="session")
+def eos_joined():
+    """`eos_joined(tokenizer, texts)`: the reference token stream t1 EOS t2 EOS ... (int64 [n]), from the
+    tokenizer's own batch call, never a dataset's helper."""
+    return _eos_joined

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 from collections import Counter
 
 import numpy as np
@@ -17,42 +16,23 @@ import torch
 
 from codeparrot.constant_length import ConstantLengthDataset
 from codeparrot.errors import CodeParrotError
-from codeparrot.tokenizer import train_tokenizer
 
 L = 64  # sequence length: small, so the final partial chunk is a small part of the stream
 
 
 @pytest.fixture(scope="module")
-def tokenizer(stdlib_texts):
-    return train_tokenizer(stdlib_texts[:50], vocab_size=1000, show_progress=False)
-
-
-def write_shards(folder, texts, n_shards):
-    """`n_shards` gzip JSONL shards in the preprocess layout (contiguous slices of `texts`)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    bounds = np.linspace(0, len(texts), n_shards + 1).astype(int)
-    for s in range(n_shards):
-        with gzip.open(folder / f"file-{s + 1:012d}.json.gz", "wt", encoding="utf-8") as f:
-            for i in range(bounds[s], bounds[s + 1]):
-                f.write(json.dumps({"repo_name": "r", "path": f"{i}.py", "content": texts[i]}) + "\n")
-    return folder
+def tokenizer(code_tokenizer):
+    return code_tokenizer
 
 
 @pytest.fixture(scope="module")
-def texts(stdlib_texts):
-    """40 real files the tokenizer was not trained on, each cut after its first ~2,000 characters (at a line end)
-    to stay fast: about 700 tokens each."""
-    return [t[: t.find("\n", 2000) + 1] or t for t in stdlib_texts[50:90]]
+def texts(held_out_code):
+    return held_out_code
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory, texts):
+def shards(tmp_path_factory, texts, write_shards):
     return write_shards(tmp_path_factory.mktemp("clean") / "train", texts, 4)
-
-
-def eos_joined(tokenizer, texts):
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return np.array([t for doc in ids for t in doc + [tokenizer.eos_token_id]], dtype=np.int64)
 
 
 def flat(seqs):
@@ -83,7 +63,8 @@ class RecordingTokenizer:
         return self.inner(texts, add_special_tokens=add_special_tokens)
 
 
-def test_chunks_are_the_eos_joined_tokenization_minus_the_last_partial_chunk(tokenizer, shards, texts):
+def test_chunks_are_the_eos_joined_tokenization_minus_the_last_partial_chunk(tokenizer, shards, texts,
+                                                                             eos_joined):
     seqs = list(ConstantLengthDataset(tokenizer, str(shards), seq_length=L, num_of_sequences=8))
     ref = eos_joined(tokenizer, texts)
     assert all(s.shape == (L,) and s.dtype == torch.int64 for s in seqs)
@@ -107,7 +88,8 @@ def test_tail_carries_over_buffer_boundaries(tokenizer, shards):
 
 
 @pytest.mark.parametrize("n_shards,world_size", [(4, 2), (1, 2), (3, 4)], ids=["by-shard", "by-record", "3-of-4"])
-def test_ranks_tokenize_disjoint_parts_that_cover_everything(tokenizer, tmp_path, texts, n_shards, world_size):
+def test_ranks_tokenize_disjoint_parts_that_cover_everything(tokenizer, tmp_path, texts, n_shards, world_size,
+                                                             write_shards, eos_joined):
     folder = write_shards(tmp_path / "data", texts, n_shards)
     seen = []
     for rank in range(world_size):
@@ -138,7 +120,8 @@ def test_dataloader_workers_split_a_rank_like_more_ranks(tokenizer, shards):
     assert not others & set(map(key, from_workers))
 
 
-def test_infinite_restarts_counts_epochs_and_keeps_the_stream_continuous(tokenizer, tmp_path, texts):
+def test_infinite_restarts_counts_epochs_and_keeps_the_stream_continuous(tokenizer, tmp_path, texts, write_shards,
+                                                                         eos_joined):
     folder = write_shards(tmp_path / "small", texts[:4], 2)
     ref = eos_joined(tokenizer, texts[:4])
     ds = ConstantLengthDataset(tokenizer, folder, seq_length=L, num_of_sequences=2, infinite=True)
@@ -181,7 +164,8 @@ RESUME_CASES = {
 
 
 @pytest.mark.parametrize("case", RESUME_CASES)
-def test_state_round_trip_continues_with_the_next_sequence(tokenizer, tmp_path, texts, case):
+def test_state_round_trip_continues_with_the_next_sequence(tokenizer, tmp_path, texts, case, write_shards,
+                                                           eos_joined):
     kw = RESUME_CASES[case]
     folder = write_shards(tmp_path / "d", texts[:12], 3)
     total = 2 * len(eos_joined(tokenizer, texts[:12])) // L if kw.get("infinite") else None

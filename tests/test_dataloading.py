@@ -21,8 +21,8 @@ L = 32
 
 
 @pytest.fixture(scope="module")
-def tokenizer(stdlib_texts):
-    return train_tokenizer(stdlib_texts[:50], vocab_size=1000, show_progress=False)
+def tokenizer(code_tokenizer):
+    return code_tokenizer
 
 
 @pytest.fixture(scope="module")

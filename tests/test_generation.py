@@ -1,18 +1,16 @@
 """scripts/generate.py and codeparrot.generation: streaming, HumanEval stop rules, prompts, seeds, errors.
 
-A real (tiny) GPT-2 is trained for a second to memorize two functions, so greedy decoding from the first
-signature deterministically produces the first body followed by "\\ndef sub": the stop rule has something
-real to cut. An untrained model of the same shape gives noisy samples for the seed tests.
+A real (tiny) GPT-2 (conftest's `tiny_models`) is trained for a second to memorize two functions, so greedy
+decoding from the first signature deterministically produces the first body followed by "\\ndef sub": the stop
+rule has something real to cut. An untrained model of the same shape gives noisy samples for the seed tests.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,68 +19,7 @@ from codeparrot.errors import CodeParrotError, run_cli
 from codeparrot.generation import (CompletionStreamer, build_prompt_ids, generate_completions,
                                    load_model_and_tokenizer)
 
-ADD = "def add(a, b):\n    return a + b\n"
-SUB = "def sub(a, b):\n    return a - b\n"
-MEMORIZED = ADD + "\n" + SUB
-
-
-def _tokenizer(texts):
-    from codeparrot.tokenizer import train_tokenizer
-
-    return train_tokenizer(texts[:60], vocab_size=800, show_progress=False)
-
-
-def _tiny_model(tokenizer, folder: Path, memorize: str | None = None, n_positions: int = 64) -> Path:
-    """Save a 2-layer GPT-2 (optionally overfit on EOS + `memorize` + EOS) with its tokenizer into `folder`."""
-    from codeparrot.model import ModelConfig, build_model, to_gpt2_config
-
-    cfg = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0,
-                      attn_pdrop=0.0)
-    model = build_model(to_gpt2_config(cfg, tokenizer), seed=0)
-    if memorize is not None:
-        eos = tokenizer.eos_token_id
-        ids = torch.tensor([[eos] + tokenizer(memorize, add_special_tokens=False)["input_ids"] + [eos]])
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-        model.train()
-        for _ in range(150):
-            loss = model(ids, attention_mask=torch.ones_like(ids), labels=ids).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        assert loss.item() < 0.05, f"tiny model failed to memorize (loss {loss.item():.3f})"
-    model.eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and 2-thread OpenMP spinning is very slow on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, stdlib_texts):
-    root = tmp_path_factory.mktemp("gen-models")
-    tok = _tokenizer(stdlib_texts)
-    return {"memorized": _tiny_model(tok, root / "memorized", MEMORIZED),
-            "random": _tiny_model(tok, root / "random")}
-
-
-@pytest.fixture(scope="module")
-def memorized(models):
-    return load_model_and_tokenizer(str(models["memorized"]), device="cpu")
-
-
-def _load_script(name: str):
-    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_prompt_is_eos_plus_stripped_prompt(memorized):
@@ -111,7 +48,7 @@ def test_streamer_writes_while_the_model_is_still_generating(memorized):
     assert "".join(s for _, s in text_chunks) == completion.text == streamer.text
 
 
-def test_stop_string_ends_the_sequence_and_is_cut(memorized):
+def test_stop_string_ends_the_sequence_and_is_cut(memorized, memorized_code):
     model, tok = memorized
     forwards = [0]
     hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
@@ -126,7 +63,7 @@ def test_stop_string_ends_the_sequence_and_is_cut(memorized):
     assert c.num_tokens == len(tok("\n    return a + b\n\ndef", add_special_tokens=False)["input_ids"])
     # Without stop rules the model writes the second function and ends with EOS.
     [free] = generate_completions(model, tok, "def add(a, b):", temperature=0, max_new_tokens=50, stop=False)
-    assert free.text == MEMORIZED[len("def add(a, b):"):] and free.stop_reason == "eos"
+    assert free.text == memorized_code[len("def add(a, b):"):] and free.stop_reason == "eos"
 
 
 def test_streamer_holds_back_stop_prefixes_and_split_characters(memorized):
@@ -154,8 +91,8 @@ def test_streamer_holds_back_stop_prefixes_and_split_characters(memorized):
     assert "".join(written) == completion
 
 
-def test_same_seed_same_samples_other_seed_others(models):
-    model, tok = load_model_and_tokenizer(str(models["random"]), device="cpu")
+def test_same_seed_same_samples_other_seed_others(tiny_models):
+    model, tok = load_model_and_tokenizer(str(tiny_models["random"]), device="cpu")
     kw = dict(max_new_tokens=20, temperature=1.0, top_p=0.95, num_return_sequences=3, stop=False)
     a = generate_completions(model, tok, "import os", seed=7, **kw)
     b = generate_completions(model, tok, "import os", seed=7, **kw)
@@ -165,11 +102,11 @@ def test_same_seed_same_samples_other_seed_others(models):
     assert len({x.text for x in a}) > 1, "three samples from an untrained model should differ"
 
 
-def test_cli_reads_prompt_from_stdin_and_writes_json(models, tmp_path, capsys, monkeypatch):
+def test_cli_reads_prompt_from_stdin_and_writes_json(tiny_models, tmp_path, capsys, monkeypatch, load_script):
     out = tmp_path / "samples.json"
     monkeypatch.setattr(sys, "stdin", io.StringIO("def add(a, b):\n"))
-    script = _load_script("generate")
-    assert script.main(["--model", str(models["memorized"]), "--prompt", "-", "--temperature", "0",
+    script = load_script("generate")
+    assert script.main(["--model", str(tiny_models["memorized"]), "--prompt", "-", "--temperature", "0",
                         "--max-new-tokens", "40", "--device", "cpu", "--output", str(out)]) == 0
     captured = capsys.readouterr()
     assert captured.out == "def add(a, b):\n    return a + b\n"  # the stripped prompt, then the completion
@@ -189,11 +126,11 @@ def test_cli_help_documents_every_flag(scripts_env, python, repo_root):
         assert flag in result.stdout
 
 
-def test_cli_prompt_file_and_several_samples(models, tmp_path, capsys):
-    script = _load_script("generate")
+def test_cli_prompt_file_and_several_samples(tiny_models, tmp_path, capsys, load_script):
+    script = load_script("generate")
     prompt = tmp_path / "prompt.py"
     prompt.write_text("def add(a, b):\n", encoding="utf-8")
-    assert script.main(["--model", str(models["memorized"]), "--prompt-file", str(prompt), "--temperature", "0.1",
+    assert script.main(["--model", str(tiny_models["memorized"]), "--prompt-file", str(prompt), "--temperature", "0.1",
                         "--num-return-sequences", "2", "--max-new-tokens", "40", "--seed", "1",
                         "--device", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -202,11 +139,11 @@ def test_cli_prompt_file_and_several_samples(models, tmp_path, capsys):
     assert "def sub" not in out
 
 
-def test_missing_model_revision_and_bad_requests_are_one_line_errors(models, tmp_path, capsys, monkeypatch,
-                                                                     memorized):
+def test_missing_model_revision_and_bad_requests_are_one_line_errors(tiny_models, tmp_path, capsys, monkeypatch,
+                                                                     memorized, load_script):
     from codeparrot.repository import open_repository
 
-    script = _load_script("generate")
+    script = load_script("generate")
     # a missing model folder
     with pytest.raises(SystemExit) as exit_info:
         run_cli(lambda: script.main(["--model", str(tmp_path / "nope"), "--prompt", "x"]))
@@ -216,20 +153,20 @@ def test_missing_model_revision_and_bad_requests_are_one_line_errors(models, tmp
     # a real local checkpoint repository: the branch loads, an unknown revision is named in the error
     monkeypatch.setenv("CODEPARROT_CACHE", str(tmp_path / "cache"))
     repo = open_repository(str(tmp_path / "repo"), create=True)
-    repo.commit_folder(models["random"], "main", "initial model")
+    repo.commit_folder(tiny_models["random"], "main", "initial model")
     repo.create_branch("exp-1")
-    repo.commit_folder(models["memorized"], "exp-1", "step 10")
+    repo.commit_folder(tiny_models["memorized"], "exp-1", "step 10")
     model, tok = load_model_and_tokenizer(str(tmp_path / "repo"), "exp-1", device="cpu")
     [c] = generate_completions(model, tok, "def add(a, b):", temperature=0, max_new_tokens=30)
     assert c.text == "\n    return a + b\n"
     with pytest.raises(CodeParrotError, match="no-such-branch"):
         load_model_and_tokenizer(str(tmp_path / "repo"), "no-such-branch", device="cpu")
     with pytest.raises(CodeParrotError, match="revision"):  # a plain folder has no revisions
-        load_model_and_tokenizer(str(models["random"]), "main", device="cpu")
+        load_model_and_tokenizer(str(tiny_models["random"]), "main", device="cpu")
     model, tok = memorized
     with pytest.raises(CodeParrotError, match="context of 64 tokens"):
         generate_completions(model, tok, "x = 1\n" * 40, max_new_tokens=10)
     with pytest.raises(CodeParrotError, match="greedy"):
         generate_completions(model, tok, "x", temperature=0, num_return_sequences=2)
     with pytest.raises(CodeParrotError, match="prompt-file"):
-        script.main(["--model", str(models["random"]), "--prompt-file", str(tmp_path / "missing.py")])
+        script.main(["--model", str(tiny_models["random"]), "--prompt-file", str(tmp_path / "missing.py")])

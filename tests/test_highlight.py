@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import base64
 import html.parser
-import importlib.util
 import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +17,6 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.generation import load_model_and_tokenizer
 from codeparrot.highlight import most_surprising, render_html, score_file, score_token_ids
 
-ADD = "def add(a, b):\n    return a + b\n"
-SUB = "def sub(a, b):\n    return a - b\n"
-MEMORIZED = ADD + "\n" + SUB
 # Everything that breaks naive rendering: a leading newline, CRLF and a lone CR, tabs, trailing spaces, a
 # form feed, markup and entities, a multi-byte emoji split over several byte tokens, the EOS text itself.
 TRICKY = ("\n# -*- coding: utf-8 -*-\r\nimport os\t\t# tab  \r\n\x0c\nclass Café:\n"
@@ -29,56 +24,7 @@ TRICKY = ("\n# -*- coding: utf-8 -*-\r\nimport os\t\t# tab  \r\n\x0c\nclass Caf�
           "    emoji = '😀🐍'   \n    eos = '<|endoftext|>'\r    x = a < b and c > d & e\n"
           "\tdef f(self):\n\t\treturn {'k': [1, 2, 3]}  # no newline at the end")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _tokenizer(texts):
-    from codeparrot.tokenizer import train_tokenizer
-
-    return train_tokenizer(texts[:60], vocab_size=800, show_progress=False)
-
-
-def _tiny_model(tokenizer, folder: Path, memorize: str | None = None, n_positions: int = 64) -> Path:
-    """Save a 2-layer GPT-2 (optionally overfit on EOS + `memorize` + EOS) with its tokenizer into `folder`."""
-    from codeparrot.model import ModelConfig, build_model, to_gpt2_config
-
-    cfg = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0,
-                      attn_pdrop=0.0)
-    model = build_model(to_gpt2_config(cfg, tokenizer), seed=0)
-    if memorize is not None:
-        eos = tokenizer.eos_token_id
-        ids = torch.tensor([[eos] + tokenizer(memorize, add_special_tokens=False)["input_ids"] + [eos]])
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-        model.train()
-        for _ in range(150):
-            loss = model(ids, attention_mask=torch.ones_like(ids), labels=ids).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        assert loss.item() < 0.05, f"tiny model failed to memorize (loss {loss.item():.3f})"
-    model.eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, stdlib_texts):
-    root = tmp_path_factory.mktemp("hl-models")
-    tok = _tokenizer(stdlib_texts)
-    return {"memorized": _tiny_model(tok, root / "memorized", MEMORIZED),
-            "random": _tiny_model(tok, root / "random", n_positions=32)}
-
-
-@pytest.fixture(scope="module")
-def memorized(models):
-    return load_model_and_tokenizer(str(models["memorized"]), device="cpu")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class _CodeText(html.parser.HTMLParser):
@@ -102,9 +48,9 @@ class _CodeText(html.parser.HTMLParser):
             self.text.append(data)
 
 
-def test_sliding_window_matches_brute_force_and_hf_loss(models):
-    model, tok = load_model_and_tokenizer(str(models["random"]), device="cpu")  # context 32
-    ids = [tok.eos_token_id] + tok(MEMORIZED * 3, add_special_tokens=False)["input_ids"]
+def test_sliding_window_matches_brute_force_and_hf_loss(tiny_models, memorized_code):
+    model, tok = load_model_and_tokenizer(str(tiny_models["random_ctx32"]), device="cpu")  # context 32
+    ids = [tok.eos_token_id] + tok(memorized_code * 3, add_special_tokens=False)["input_ids"]
     assert len(ids) > 80
 
     def loss_given(begin: int, t: int) -> float:  # -log p(ids[t] | ids[begin:t]), one forward per target
@@ -135,8 +81,8 @@ def test_sliding_window_matches_brute_force_and_hf_loss(models):
     torch.testing.assert_close(top_p[is_top, 0], torch.exp(-got[is_top]))
 
 
-def test_page_text_is_the_file_exactly_and_self_contained(models):
-    model, tok = load_model_and_tokenizer(str(models["random"]), device="cpu")
+def test_page_text_is_the_file_exactly_and_self_contained(tiny_models):
+    model, tok = load_model_and_tokenizer(str(tiny_models["random_ctx32"]), device="cpu")
     scores = score_file(model, tok, TRICKY, stride=16, top_k=5)  # several windows (context 32)
     assert "".join(TRICKY[s.start:s.end] for s in scores.spans) == TRICKY
     assert len(scores.tokens) == len(tok(TRICKY, add_special_tokens=False)["input_ids"])
@@ -150,9 +96,9 @@ def test_page_text_is_the_file_exactly_and_self_contained(models):
     assert "<script>alert" not in page
 
 
-def test_surprising_lines_find_the_edited_line(models, memorized, tmp_path, capsys):
+def test_surprising_lines_find_the_edited_line(tiny_models, memorized, memorized_code, tmp_path, capsys, load_script):
     model, tok = memorized
-    edited = MEMORIZED.replace("return a - b", "return sorted(vars(a))[7] ** b")
+    edited = memorized_code.replace("return a - b", "return sorted(vars(a))[7] ** b")
     scores = score_file(model, tok, edited, top_k=4)
     top = most_surprising(scores.lines, 2, by="mean")
     assert top[0].line == 5 and "sorted" in top[0].text
@@ -163,8 +109,8 @@ def test_surprising_lines_find_the_edited_line(models, memorized, tmp_path, caps
     src = tmp_path / "edited.py"
     src.write_bytes(edited.encode())
     out = tmp_path / "page.html"
-    script = _load_script("highlight")
-    assert script.main([str(src), "--model", str(models["memorized"]), "--output", str(out), "--lines", "2",
+    script = load_script("highlight")
+    assert script.main([str(src), "--model", str(tiny_models["memorized"]), "--output", str(out), "--lines", "2",
                         "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     first = printed.splitlines()[2]
@@ -173,27 +119,19 @@ def test_surprising_lines_find_the_edited_line(models, memorized, tmp_path, caps
     assert '<a href="#L5">line 5</a>' in out.read_text()
 
 
-def _load_script(name: str):
-    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bad_inputs_are_one_line_errors(models, tmp_path):
-    script = _load_script("highlight")
+def test_bad_inputs_are_one_line_errors(tiny_models, tmp_path, load_script):
+    script = load_script("highlight")
     bad = tmp_path / "latin1.py"
     bad.write_bytes(b"x = 1\ny = '\xe9'\n")
     with pytest.raises(CodeParrotError, match=r"not UTF-8.*line 2"):
-        script.main([str(bad), "--model", str(models["random"]), "--output", str(tmp_path / "o.html")])
+        script.main([str(bad), "--model", str(tiny_models["random_ctx32"]), "--output", str(tmp_path / "o.html")])
     empty = tmp_path / "empty.py"
     empty.write_text("")
     with pytest.raises(CodeParrotError, match="empty"):
-        script.main([str(empty), "--model", str(models["random"]), "--output", str(tmp_path / "o.html")])
+        script.main([str(empty), "--model", str(tiny_models["random_ctx32"]), "--output", str(tmp_path / "o.html")])
     with pytest.raises(CodeParrotError, match="missing.py"):
-        script.main([str(tmp_path / "missing.py"), "--model", str(models["random"]), "--output", "o.html"])
-    model, tok = load_model_and_tokenizer(str(models["random"]), device="cpu")
+        script.main([str(tmp_path / "missing.py"), "--model", str(tiny_models["random_ctx32"]), "--output", "o.html"])
+    model, tok = load_model_and_tokenizer(str(tiny_models["random_ctx32"]), device="cpu")
     with pytest.raises(CodeParrotError, match="stride"):
         score_file(model, tok, "x = 1\n", stride=33)
     with pytest.raises(CodeParrotError, match="context"):
@@ -222,9 +160,9 @@ window.addEventListener("load", () => {
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; CI installs it)")
-def test_rendered_in_a_real_browser(memorized, tmp_path):
+def test_rendered_in_a_real_browser(memorized, memorized_code, tmp_path):
     model, tok = memorized
-    text = MEMORIZED.replace("return a - b", "return a ** b  # café 😀") + TRICKY
+    text = memorized_code.replace("return a - b", "return a ** b  # café 😀") + TRICKY
     scores = score_file(model, tok, text, top_k=5)
     page = tmp_path / "page.html"
     page.write_text(render_html(scores, "t.py", "browser test").replace("</body>", _PROBE + "</body>"),

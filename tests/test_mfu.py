@@ -100,3 +100,13 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(mfu_mod, "_measure_matmul", lambda dtype, size, seconds: first / 10)
     assert mfu_mod.cpu_matmul_peak("float32", refresh=True) == first
     assert peak_flops(torch.device("cpu"), torch.float32) == (first, "measured float32 matmul peak of this CPU")
+
+
+@pytest.mark.parametrize("bf16, expected", [(50e9, 100e9), (400e9, 400e9)])
+def test_cpu_bf16_peak_is_the_faster_unit(monkeypatch, bf16, expected):
+    """On a CPU that emulates bf16 (slower than fp32) a bf16 run is measured against the fp32 units it leaves
+    idle; on one with native bf16 (AMX) against the bf16 units."""
+    monkeypatch.setattr(mfu_mod, "cpu_matmul_peak", lambda dtype="float32", refresh=False: {
+        "float32": 100e9, "bfloat16": bf16}[dtype])
+    assert peak_flops(torch.device("cpu"), torch.bfloat16)[0] == expected
+    assert peak_flops(torch.device("cpu"), torch.float32)[0] == 100e9

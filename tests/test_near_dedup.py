@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import codeparrot.near_dedup as nd
+import codeparrot.near_dedup_lsh as nd_lsh
 from codeparrot.errors import CodeParrotError
 from codeparrot.near_dedup import MinHasher, estimated_jaccard, find_clusters, lsh_params, near_dedup
 
@@ -316,7 +317,7 @@ def walk():
 
 @pytest.mark.parametrize("small_bucket", [64, 3])  # 3: nearly every bucket takes the large-bucket path
 def test_find_clusters_equals_brute_force_components(monkeypatch, walk, small_bucket):
-    monkeypatch.setattr(nd, "_SMALL_BUCKET", small_bucket)
+    monkeypatch.setattr(nd_lsh, "_SMALL_BUCKET", small_bucket)
     sigs, expected = walk
     assert [c.tolist() for c in find_clusters(sigs, 0.85)] == expected
     assert sum(len(c) > 5 for c in expected) >= 3  # chains did form multi-step components
@@ -370,10 +371,10 @@ def test_large_bucket_finds_edges_between_non_leaders(monkeypatch, caplog):
     assert similar == {(0, 2), (1, 3), (2, 3)}
     assert brute_force_clusters(sigs, 0.85) == [[0, 1, 2, 3]]
     for small_bucket in (64, 3):  # the all-pairs path, then the leader path with its exhaustive pass
-        monkeypatch.setattr(nd, "_SMALL_BUCKET", small_bucket)
+        monkeypatch.setattr(nd_lsh, "_SMALL_BUCKET", small_bucket)
         assert [c.tolist() for c in find_clusters(sigs, 0.85)] == [[0, 1, 2, 3]]
     # Over the pair budget the leader components stand (each a real connection) and a warning says so.
-    monkeypatch.setattr(nd, "_LARGE_BUCKET_PAIR_BUDGET", 0)
+    monkeypatch.setattr(nd_lsh, "_LARGE_BUCKET_PAIR_BUDGET", 0)
     with caplog.at_level(logging.WARNING, logger="codeparrot.near_dedup"):
         assert [c.tolist() for c in find_clusters(sigs, 0.85)] == [[0, 2], [1, 3]]
     assert "stays split" in caplog.text
@@ -396,7 +397,7 @@ def test_huge_bucket_of_dissimilar_files_is_bounded(monkeypatch, caplog):
     """100 unrelated files that share one band (an adversarial bucket) plus a near-duplicate pair at its end:
     over the comparison budget the bucket is cut short with a warning, and the pair is still found through
     its other bands."""
-    monkeypatch.setattr(nd, "_LARGE_BUCKET_PAIR_BUDGET", 0)
+    monkeypatch.setattr(nd_lsh, "_LARGE_BUCKET_PAIR_BUDGET", 0)
     rng = np.random.default_rng(3)
     sigs = rng.integers(0, 2**32 - 1, size=(100, 256), dtype=np.uint32)
     bands, rows = nd.candidate_params(0.85, 256)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from codeparrot.pass_at_k import best_per_k, pass_at_k, pass_at_k_exact, pass_at_k_table
+from codeparrot.pass_at_k import best_per_k, format_table, pass_at_k, pass_at_k_exact, pass_at_k_table
 
 
 def brute_force(n: int, c: int, k: int) -> float:
@@ -49,6 +49,19 @@ def test_table_averages_tasks_and_reports_k_above_n_as_not_computable():
     assert table["pass@10"]["value"] is None
     assert "c has only 4 samples" in table["pass@10"]["reason"]
     assert list(table) == ["pass@1", "pass@4", "pass@10"]  # every requested k is present
+
+
+def test_tasks_without_samples_count_as_failed_and_are_reported():
+    """Partial scoring: a requested task with no samples (n = 0) adds 0 to the mean over all tasks and is
+    counted in the entry, never silently dropped; k is judged by the tasks that have samples."""
+    table = pass_at_k_table({"a": (10, 10), "b": (10, 5), "c": (0, 0), "d": (0, 0)}, [1, 10, 20])
+    assert table["pass@1"]["value"] == pytest.approx((1.0 + 0.5 + 0 + 0) / 4)
+    assert table["pass@10"]["value"] == pytest.approx((1.0 + 1.0) / 4)
+    assert table["pass@1"]["tasks"] == 4 and table["pass@1"]["tasks_without_samples"] == 2
+    assert table["pass@20"]["value"] is None and "only 10 samples" in table["pass@20"]["reason"]
+    empty = pass_at_k_table({"a": (0, 0)}, [1])
+    assert empty["pass@1"]["value"] is None and empty["pass@1"]["reason"] == "no samples"
+    assert "2 of 4 tasks have no samples" in format_table({"0.2": table})
 
 
 def test_best_per_k_picks_the_best_temperature_per_k():

@@ -3,7 +3,6 @@ memory-mapped dataset splits, shuffles, counts epochs and resumes exactly."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -22,28 +21,17 @@ L = 64
 
 
 @pytest.fixture(scope="module")
-def tokenizer(stdlib_texts):
-    return train_tokenizer(stdlib_texts[:50], vocab_size=1000, show_progress=False)
+def tokenizer(code_tokenizer):
+    return code_tokenizer
 
 
 @pytest.fixture(scope="module")
-def texts(stdlib_texts):
-    """Real files the tokenizer was not trained on, cut after ~2,000 characters to stay fast."""
-    return [t[: t.find("\n", 2000) + 1] or t for t in stdlib_texts[50:90]]
-
-
-def write_shards(folder, texts, n_shards):
-    folder.mkdir(parents=True, exist_ok=True)
-    bounds = np.linspace(0, len(texts), n_shards + 1).astype(int)
-    for s in range(n_shards):
-        with gzip.open(folder / f"file-{s + 1:012d}.json.gz", "wt", encoding="utf-8") as f:
-            for i in range(bounds[s], bounds[s + 1]):
-                f.write(json.dumps({"path": f"{i}.py", "content": texts[i]}) + "\n")
-    return folder
+def texts(held_out_code):
+    return held_out_code
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory, texts):
+def shards(tmp_path_factory, texts, write_shards):
     return write_shards(tmp_path_factory.mktemp("clean") / "train", texts, 3)
 
 
@@ -54,12 +42,7 @@ def pretok(tmp_path_factory, shards, tokenizer):
     return out
 
 
-def eos_joined(tokenizer, texts):
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return np.array([t for doc in ids for t in doc + [tokenizer.eos_token_id]], dtype=np.int64)
-
-
-def test_token_file_equals_direct_tokenization(pretok, tokenizer, texts):
+def test_token_file_equals_direct_tokenization(pretok, tokenizer, texts, eos_joined):
     index = json.loads((pretok / INDEX_NAME).read_text())
     tokens = np.fromfile(pretok / TOKENS_NAME, dtype=index["dtype"])
     np.testing.assert_array_equal(tokens.astype(np.int64), eos_joined(tokenizer, texts))
@@ -188,7 +171,8 @@ def test_vocabulary_mismatch_and_broken_data_are_refused(pretok, shards, tokeniz
     assert (precious / "notes.txt").read_text() == "not token data"
 
 
-def test_cli_pretokenizes_each_split(tmp_path, texts, tokenizer, python, scripts_env, repo_root):
+def test_cli_pretokenizes_each_split(tmp_path, texts, tokenizer, python, scripts_env, repo_root, write_shards,
+                                     eos_joined):
     clean = tmp_path / "clean"
     write_shards(clean / "train", texts[:30], 2)
     write_shards(clean / "valid", texts[30:], 1)
@@ -203,5 +187,6 @@ def test_cli_pretokenizes_each_split(tmp_path, texts, tokenizer, python, scripts
     missing = subprocess.run(cmd[:3] + [str(tmp_path / "nope")] + cmd[4:], env=scripts_env, capture_output=True,
                              text=True, timeout=120)
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1:] == [
-        f"error: dataset path {tmp_path / 'nope'} does not exist"] and "Traceback" not in missing.stderr
+        f"error: input not found: {tmp_path / 'nope'} (the path does not exist)"]
+    assert "Traceback" not in missing.stderr
     assert not os.path.exists(tmp_path / "pt" / "nope")

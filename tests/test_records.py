@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.records import BadRecords, ShardWriter, iter_records, iter_texts
+from codeparrot.records import BadRecords, ShardWriter, iter_raw_records, iter_records, iter_texts
 
 
 def _record(content, **extra) -> dict:
@@ -34,6 +34,15 @@ def test_records_stream_with_locations_and_pass_through_fields(tmp_path):
     assert [r["content"] for r, _ in got] == ["x = 1\n", "y = 2\n", "z = 3\r\n"]
     assert [str(w) for _, w in got] == [f"{plain}:1", f"{plain}:3", f"{packed}:1"]  # blank line 2 skipped
     assert got[1][0]["stars"] == 5 and bad.total == 0
+
+
+def test_byte_order_marks_are_dropped_from_every_line(tmp_path):
+    """Files from Windows tools start with a BOM; concatenated ones have it mid-file. The raw line that preprocess
+    copies to its output is clean either way."""
+    rows = [json.dumps(_record(f"v = {i}\n")).encode() for i in range(2)]
+    src = _jsonl(tmp_path / "cat.jsonl", [b"\xef\xbb\xbf" + row for row in rows])
+    bad = BadRecords()
+    assert [line for line, *_ in iter_raw_records([src], bad=bad)] == rows and bad.total == 0
 
 
 def test_every_bad_record_reason_is_counted_with_its_first_location(tmp_path):

@@ -12,8 +12,12 @@ Each hostile case runs under three configurations:
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.sandbox import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig, remove_stale_roots
 
 CHECK_ONE = "def check(candidate):\n    assert candidate() == 1\n"
 CONFIGS = {
@@ -90,6 +94,17 @@ def listener():
     server.close()
 
 
+@pytest.fixture
+def bait():
+    """A process of ours (same uid as the guard-only programs) holding a token in its real environment: the
+    target for reading /proc/<pid>/environ and for signals. Returns (pid, token, is_alive)."""
+    token = "hf_bait_token_" + os.urandom(6).hex()
+    proc = subprocess.Popen(["sleep", "60"], env={"HF_TOKEN": token, "PATH": os.environ.get("PATH", "/usr/bin")})
+    yield proc.pid, token, lambda: proc.poll() is None
+    proc.kill()
+    proc.wait()
+
+
 def test_hostile_programs_are_contained(sandbox, tmp_path, listener, monkeypatch):
     port, accepted = listener
     keep = tmp_path / "keep.txt"
@@ -142,6 +157,93 @@ def test_hostile_programs_are_contained(sandbox, tmp_path, listener, monkeypatch
     # The workers survived everything above: a normal program still runs, on both workers.
     after = sandbox.run([Program("", "def f():\n    return 1\n", CHECK_ONE, "f")] * 4)
     assert all(r.passed for r in after), after
+
+
+def test_symlinked_proc_paths_and_signals_to_other_processes_are_refused(sandbox, bait, tmp_path):
+    """/proc reached through symlinks (/dev/fd -> /proc/self/fd) or an unseen dir_fd, writes escaping through
+    /proc/self/cwd, and signals by pidfd (removed functions, rebuilt modules) or ctypes never reach another
+    process; in guard-only mode the seccomp filter backs the guard."""
+    pid, token, alive = bait
+    tmp_path.chmod(0o777)
+    escaped = tmp_path / "escaped.txt"
+    leak = f"    return 1 if {token!r}.encode() in data else 0\n"
+    cases = {
+        "environ via /dev/fd/../..": f"def f():\n    data = open('/dev/fd/../../{pid}/environ', 'rb').read()\n" + leak,
+        "environ via dir_fd": f"import os\ndef f():\n    d = os.open('/dev', os.O_RDONLY)\n"
+                              f"    data = os.read(os.open('fd/../../{pid}/environ', os.O_RDONLY, dir_fd=d), 1 << 20)\n"
+                              + leak,
+        "list /proc via /dev/fd": "import os\ndef f():\n    return 1 if any(p.isdigit() for p in "
+                                  "os.listdir('/dev/fd/../..')) else 0\n",
+        "scan /proc": "import os\ndef f():\n    return 1 if any(e.name.isdigit() for e in os.scandir('/proc')) else 0\n",
+        "write via /proc/self/cwd": f"def f():\n    open('/dev/fd/../../self/cwd' + '/..' * 16 + {str(escaped)!r}, "
+                                    f"'w').write('x')\n    return 1\n",
+        "os.kill": f"import os\ndef f():\n    os.kill({pid}, 9)\n    return 1\n",
+        "pidfd": f"import os, signal\ndef f():\n    signal.pidfd_send_signal(os.pidfd_open({pid}), 9)\n    return 1\n",
+        "pidfd from rebuilt modules": "import _imp, importlib.machinery as m\ndef f():\n"
+                                      "    posix = _imp.create_builtin(m.ModuleSpec('posix', None))\n"
+                                      "    sig = _imp.create_builtin(m.ModuleSpec('_signal', None))\n"
+                                      f"    sig.pidfd_send_signal(posix.pidfd_open({pid}), 9)\n    return 1\n",
+        "ctypes kill": f"import ctypes\ndef f():\n    ctypes.CDLL(None).kill({pid}, 9)\n    return 1\n",
+    }
+    if sandbox.kind == "os-only":  # listing pids is the guard's rule; the kernel protects what is behind them
+        del cases["list /proc via /dev/fd"], cases["scan /proc"]
+    results = dict(zip(cases, sandbox.run([Program("", code, CHECK_ONE, "f") for code in cases.values()])))
+    for name, result in results.items():
+        assert result.status in ALLOWED and not result.passed, (name, result)
+    assert alive() and not escaped.exists()
+    if sandbox.kind != "os-only":  # the guard names what it refused, after resolving the path
+        assert "refused open /proc/" in results["environ via /dev/fd/../.."].detail
+        assert "refused os.listdir /proc" in results["list /proc via /dev/fd"].detail
+    if sandbox.kind == "guard-only" and sandbox.layers["seccomp"]:  # the functions are back; the kernel says no
+        assert "PermissionError" in results["pidfd from rebuilt modules"].detail
+
+
+def test_program_lines_on_the_result_pipe_are_only_output(sandbox):
+    """A program writing the sandbox's line formats (error, refusal, failure, pass) to any descriptor is only
+    writing output: it fails or passes on its own merits and never turns into a sandbox error."""
+    forge = ("import os\nfor fd in range(3, 30):\n    try:\n        os.write(fd, b'E boom\\nD fake refusal\\n"
+             "F MemoryError\\nP ' + b'0' * 32 + b'\\n')\n    except OSError:\n        pass\n")
+    cases = [Program("", forge + "def f():\n    return 2\n", CHECK_ONE, "f"),
+             Program("", forge + "os._exit(0)\n", CHECK_ONE, "f"),
+             Program("", forge + "def f():\n    return 1\n", CHECK_ONE, "f")]
+    results = sandbox.run(cases)
+    assert [r.status for r in results] == ["failed", "failed", "passed"], results
+    assert results[0].detail.startswith("AssertionError")
+    assert "exited with code 0" in results[1].detail
+
+
+def test_home_folders_are_hidden(sandbox, monkeypatch):
+    """A token under the harness's $HOME is not readable by the program, while a file just as readable
+    outside it is (the control); the interpreter keeps working wherever it lives."""
+    base = Path(tempfile.mkdtemp(prefix="codeparrot-home-test-"))
+    try:
+        base.chmod(0o755)
+        home = base / "home"
+        (home / ".cache" / "huggingface").mkdir(parents=True)
+        for folder in (home, home / ".cache", home / ".cache" / "huggingface"):
+            folder.chmod(0o755)
+        (home / ".cache" / "huggingface" / "token").write_text("hf_home_secret")
+        (home / ".netrc").write_text("machine example.com password hf_home_secret")
+        (base / "outside.txt").write_text("hf_home_secret")
+        for f in (home / ".cache" / "huggingface" / "token", home / ".netrc", base / "outside.txt"):
+            f.chmod(0o644)
+        monkeypatch.setenv("HOME", str(home))
+        probe = ("import json, decimal\ndef f(path):\n    try:\n        return open(path).read()\n"
+                 "    except OSError as err:\n        return type(err).__name__\n")
+        check = "def check(candidate):\n    raise RuntimeError(repr([candidate(p) for p in {paths!r}]))\n"
+        paths = [str(home / ".cache" / "huggingface" / "token"), str(home / ".netrc"), str(base / "outside.txt")]
+        with Sandbox(sandbox.config, num_workers=1) as box:
+            layers = box.start()
+            result = box.run([Program("", probe, check.format(paths=paths), "f")])[0]
+        if not layers["mount_namespace"]:
+            assert str(home) not in layers["hidden_homes"]
+            pytest.skip("no mount namespace: home folders stay readable (documented)")
+        assert str(home) in layers["hidden_homes"]
+        token, netrc, outside = eval(result.detail.split("RuntimeError: ", 1)[1])
+        assert token == netrc == "FileNotFoundError"
+        assert outside == "hf_home_secret"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_os_layers_refuse_what_the_guard_would(sandbox):
@@ -238,6 +340,7 @@ def test_guard_hook_reads_no_global_names():
     module_names = set(vars(sandbox_child)) | set(dir(builtins))
     nested = [c for c in sandbox_child.install_guard.__code__.co_consts if hasattr(c, "co_names")]
     assert {c.co_name for c in nested} >= {"hook", "check", "exact", "deny", "absolute", "inside"}
+    assert "resolve" in {c.co_name for c in nested}  # the path resolver too: os.lstat/readlink bound up front
     for code in [*nested, sandbox_child._after_program.__code__, sandbox_child._fail.__code__]:
         reads = {ins.argval for ins in __import__("dis").get_instructions(code)
                  if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
@@ -255,3 +358,25 @@ def test_unsandboxed_configurations_are_refused():
         with Sandbox(SandboxConfig(namespaces=False, drop_privileges=False, guard=False, allow_root=True),
                      num_workers=1) as box:
             box.start()
+
+
+def test_a_killed_harness_leaves_no_sandbox_folder_behind(scripts_env):
+    """A harness killed with SIGKILL cannot clean up; the next Sandbox removes its folder (unlocked), never
+    the folder of a live one (locked)."""
+    code = ("import time\nfrom codeparrot.sandbox import Sandbox\nbox = Sandbox(num_workers=1)\nbox.start()\n"
+            "print(box._root, flush=True)\ntime.sleep(60)\n")
+    harness = subprocess.Popen([sys.executable, "-c", code], env=scripts_env, stdout=subprocess.PIPE, text=True)
+    try:
+        dead_root = Path(harness.stdout.readline().strip())
+    finally:
+        harness.send_signal(signal.SIGKILL)
+        harness.wait()
+        harness.stdout.close()
+    assert dead_root.is_dir() and dead_root.name.startswith(f"codeparrot-sandbox-{harness.pid}-")
+    with Sandbox(num_workers=1) as live:
+        old = time.time() - 3600  # both look old: only the lock tells them apart
+        for root in (dead_root, live._root):
+            os.utime(root, (old, old))
+        removed = remove_stale_roots(str(dead_root.parent))
+        assert dead_root in removed and not dead_root.exists()
+        assert live._root.is_dir() and live._root not in removed

@@ -133,17 +133,10 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(str(broken))
 
 
-def _write_shards(folder, texts, per_file=20):
-    folder.mkdir(parents=True)
-    for k in range(0, len(texts), per_file):
-        with gzip.open(folder / f"file-{k // per_file + 1:012d}.json.gz", "wt", encoding="utf-8") as f:
-            for text in texts[k:k + per_file]:
-                f.write(json.dumps({"repo_name": "r", "path": "p.py", "content": text}) + "\n")
-
-
-def test_cli_trains_on_preprocess_shards_and_commits(tmp_path, stdlib_texts, python, scripts_env, repo_root):
-    _write_shards(tmp_path / "clean" / "train", stdlib_texts[:40])
-    _write_shards(tmp_path / "clean" / "valid", stdlib_texts[40:50])
+def test_cli_trains_on_preprocess_shards_and_commits(tmp_path, stdlib_texts, python, scripts_env, repo_root,
+                                                    write_shards):
+    write_shards(tmp_path / "clean" / "train", stdlib_texts[:40], 2)
+    write_shards(tmp_path / "clean" / "valid", stdlib_texts[40:50], 1)
     with gzip.open(tmp_path / "clean" / "train" / "file-000000000009.json.gz", "at") as f:
         f.write("{broken json\n")  # counted and skipped, not fatal
     out, repo = tmp_path / "tok", tmp_path / "repo"
@@ -161,6 +154,23 @@ def test_cli_trains_on_preprocess_shards_and_commits(tmp_path, stdlib_texts, pyt
     # The tokenizer was committed to the repository's main branch and loads from there.
     from_repo = load_tokenizer(str(repo), revision="main")
     assert from_repo.get_vocab() == tok.get_vocab()
+
+
+def test_cli_saves_the_tokenizer_when_nothing_is_held_out(tmp_path, stdlib_texts, python, scripts_env, repo_root,
+                                                          write_shards):
+    """A small corpus may have no valid/ split and no files beyond --n-examples: training is not thrown away."""
+    write_shards(tmp_path / "clean" / "train", stdlib_texts[:12], 1)
+    (tmp_path / "clean" / "valid").mkdir()  # preprocess kept no valid file
+    out = tmp_path / "tok"
+    proc = subprocess.run(
+        [python, str(repo_root / "scripts" / "train_tokenizer.py"), "--dataset", str(tmp_path / "clean"),
+         "--output-dir", str(out), "--vocab-size", "400", "--quiet"],
+        capture_output=True, text=True, env=scripts_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no validation files" in proc.stderr
+    stats = json.loads((out / STATS_FILE).read_text())
+    assert stats["train_examples"] == 12 and stats["valid_bytes_per_token"] is None
+    assert load_tokenizer(str(out)).decode(load_tokenizer(str(out))("x = 1\n")["input_ids"]) == "x = 1\n"
 
 
 def test_cli_missing_dataset_is_one_line_error(tmp_path, python, scripts_env, repo_root):

@@ -8,7 +8,6 @@ import json
 import math
 import re
 import subprocess
-import sys
 import warnings
 
 import pytest

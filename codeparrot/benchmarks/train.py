@@ -150,10 +150,10 @@ def rows(quick: bool = False) -> list[BenchRow]:
                 vs += f", {median(rates) / fp32_rate:.2f}× fp32"
             out.append(BenchRow(f"train: tiny GPT-2 on CPU, {name}", "tokens/s", median(rates), min(rates), max(rates),
                                 len(rates), f"{shape}; {vs}; scripts/train.py, {torch_threads()} threads"))
-            peak_dtype = "bf16" if "bf16" in name else "fp32"
+            peak = "the larger of the measured bf16/fp32" if "bf16" in name else "the measured fp32"
             out.append(BenchRow(f"train: tiny GPT-2 on CPU, {name}", "MFU %", median(mfus), min(mfus), max(mfus),
-                                len(mfus), f"PaLM 6N+12LHQT (tied LM head counted) vs the measured {peak_dtype} "
-                                           "matmul peak of this CPU"))
+                                len(mfus), f"PaLM 6N+12LHQT (tied LM head counted) vs {peak} matmul peak of this "
+                                           "CPU (mfu.py)"))
 
         n_batches = 50 if quick else 400
         pretok = loader_tokens_per_s(PretokenizedDataset(setup["tokens"], SEQ_LENGTH, infinite=True, seed=0), n_batches)
