@@ -27,9 +27,15 @@ Enforced by the kernel (real boundaries):
 In the interpreter (best effort, `guard=True`; the only containment when the kernel offers none of the
 above, e.g. an unprivileged container): an audit hook (`sys.addaudithook`, which the program cannot
 remove) refuses sockets, fork/exec/subprocess, signals to other processes, writes outside the workspace,
-/proc, ctypes and more. Audit events are raised inside C functions, so `posix.*` calls are covered too,
-but a hook in the same interpreter is not a security boundary: see `sandbox_child.py` for its rules and for
-how the pass/fail verdict is protected against programs that exit early or patch builtins.
+/proc (paths resolved through symlinks, as the kernel does), ctypes and more. Audit events are raised
+inside C functions, so `posix.*` calls are covered too, but a hook in the same interpreter is not a
+security boundary: functions without an audit event (`os.pidfd_open` + `signal.pidfd_send_signal`,
+`os.sched_setaffinity`, ...) are removed before it installs, yet a program can rebuild those modules, and
+any syscall made from native code (a kill() through some route to libc that raises no ctypes event, a
+crafted extension) is invisible to it. Only the kernel layers stop those: the seccomp filter above for
+signals and ptrace in guard-only mode, the PID namespace and private uid otherwise. See `sandbox_child.py`
+for the rules and for how the pass/fail verdict is protected against programs that exit early, patch
+builtins or write fake result lines.
 
 Not restricted: reading files the program's uid may read outside the home folders (the private uid cannot
 enter 0700 folders; as the harness's own user without a mount namespace it reads what you can, your home

@@ -103,6 +103,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         metrics.truncate_after(step)
         accelerator.print(f"resumed from {checkpoint}: step {step}, {tokens_seen:,} tokens seen, "
                           f"lr {scheduler.get_last_lr()[0]:.3e}")
+    elif resume == "auto":
+        accelerator.print(f"--resume auto: no checkpoint in {run_dir / 'checkpoints'} yet, starting from step 0")
     config_dict = redact(to_dict(cfg))
     start_trackers(accelerator, cfg.logging.trackers, cfg.logging.project, config_dict, run_dir, cfg.run_name)
     pusher = make_pusher(cfg) if main else None

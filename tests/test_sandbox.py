@@ -174,7 +174,8 @@ def test_symlinked_proc_paths_and_signals_to_other_processes_are_refused(sandbox
                               + leak,
         "list /proc via /dev/fd": "import os\ndef f():\n    return 1 if any(p.isdigit() for p in "
                                   "os.listdir('/dev/fd/../..')) else 0\n",
-        "scan /proc": "import os\ndef f():\n    return 1 if any(e.name.isdigit() for e in os.scandir('/proc')) else 0\n",
+        "scan /proc": "import os\ndef f():\n    return 1 if any(e.name.isdigit() for e in os.scandir('/proc')) "
+                      "else 0\n",
         "write via /proc/self/cwd": f"def f():\n    open('/dev/fd/../../self/cwd' + '/..' * 16 + {str(escaped)!r}, "
                                     f"'w').write('x')\n    return 1\n",
         "os.kill": f"import os\ndef f():\n    os.kill({pid}, 9)\n    return 1\n",
