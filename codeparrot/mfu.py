@@ -27,15 +27,17 @@ from torch import nn
 
 from codeparrot.atomic_io import atomic_write_json
 
-# Dense peak FLOP/s by GPU name fragment, (bf16/fp16 tensor core, fp32 without TF32). First match wins.
-GPU_PEAKS: list[tuple[str, float, float]] = [
-    ("H100 PCIe", 756e12, 51e12),
-    ("H100", 989e12, 67e12),  # SXM / NVL report "H100 80GB HBM3"
-    ("H200", 989e12, 67e12),
-    ("A100", 312e12, 19.5e12),
-    ("A10G", 125e12, 31.2e12),  # 31.2 is A10G's fp32
-    ("L4", 121e12, 30.3e12),
-    ("V100", 125e12, 15.7e12),  # fp16 tensor cores (no bf16)
+# Dense (no sparsity) data-sheet peak FLOP/s by GPU name fragment: (bf16/fp16 tensor core, TF32 tensor core,
+# plain fp32). fp32 runs use the TF32 figure when `torch.backends.cuda.matmul.allow_tf32` is on (training turns
+# it on), since the matmuls then run on the tensor cores. First match wins, so specific names come first.
+GPU_PEAKS: list[tuple[str, float, float, float]] = [
+    ("H100 PCIe", 756e12, 378e12, 51e12),
+    ("H100 NVL", 835e12, 418e12, 60e12),
+    ("H100", 989e12, 494.5e12, 67e12),  # SXM reports "H100 80GB HBM3"
+    ("H200", 989e12, 494.5e12, 67e12),
+    ("A100", 312e12, 156e12, 19.5e12),
+    ("L4", 121e12, 60e12, 30.3e12),
+    ("V100", 125e12, 15.7e12, 15.7e12),  # fp16 tensor cores (no bf16, no TF32)
 ]
 
 CACHE = Path(os.environ.get("CODEPARROT_CACHE", Path.home() / ".cache" / "codeparrot")) / "cpu_peak.json"
@@ -116,6 +118,11 @@ def cpu_matmul_peak(dtype: str = "float32", refresh: bool = False) -> float:
     return cache[key]
 
 
+def _tf32_enabled() -> bool:
+    """Whether fp32 CUDA matmuls run as TF32 on the tensor cores (training enables it)."""
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
     """(peak FLOP/s of one device for matmuls in `dtype`, where the figure comes from); None when unknown.
 
@@ -125,9 +132,12 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
     half = dtype in (torch.bfloat16, torch.float16)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for fragment, tensor_core, fp32 in GPU_PEAKS:
+        tf32 = _tf32_enabled()
+        for fragment, tensor_core, tf32_peak, fp32 in GPU_PEAKS:
             if fragment.lower() in name.lower():
-                return (tensor_core if half else fp32), f"{name} {'bf16' if half else 'fp32'} data sheet"
+                if half:
+                    return tensor_core, f"{name} bf16 data sheet"
+                return (tf32_peak, f"{name} TF32 data sheet") if tf32 else (fp32, f"{name} fp32 data sheet")
         return None, f"{name}: not in the peak table (set CODEPARROT_PEAK_TFLOPS)"
     if device.type == "cpu":
         fp32 = cpu_matmul_peak("float32")

@@ -19,7 +19,12 @@ import torch
 
 from codeparrot.atomic_io import atomic_write_text
 
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.IGNORECASE)
+# Key names that hold credentials: `token` alone or as a credential's name (hf_token, hub_token,
+# access_token, ...), api keys, passwords, secrets. Deliberately not any key containing "token": settings such
+# as `tokenizer`, `chars_per_token` or `max_new_tokens` must survive into the saved config.
+_SECRET_KEY = re.compile(
+    r"^(?:(?:[a-z0-9]+[_.-])*(?:hf|hub|huggingface|auth|access|bearer|api|wandb|user|org|github|gh|refresh|id)[_.-]?)?"
+    r"tokens?$|(?:^|[_.-])(?:api[_.-]?keys?|secrets?|passwords?|passwd|credentials?)$", re.IGNORECASE)
 # Hugging Face user/org tokens (hf_..., api_org_...); 40-hex W&B keys are not matched by value because a git
 # commit id (a valid `revision`) has the same shape: they are caught by their key name instead.
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|api_org_[A-Za-z0-9]{20,})\b")

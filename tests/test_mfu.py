@@ -57,11 +57,13 @@ def test_formula_matches_flops_counted_by_torch():
     ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989e12),
     ("NVIDIA H100 PCIe", torch.bfloat16, 756e12),
     ("NVIDIA H200", torch.bfloat16, 989e12),
+    ("NVIDIA H100 NVL", torch.bfloat16, 835e12),  # not the SXM figure although the name contains "H100"
     ("NVIDIA A100-SXM4-80GB", torch.float32, 19.5e12),
     ("Some Future GPU", torch.bfloat16, None),
 ])
 def test_gpu_peak_table(monkeypatch, name, dtype, expected):
     monkeypatch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr("codeparrot.mfu._tf32_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     peak, source = peak_flops(torch.device("cuda", 0), dtype)
     assert peak == expected
@@ -69,6 +71,16 @@ def test_gpu_peak_table(monkeypatch, name, dtype, expected):
         assert "CODEPARROT_PEAK_TFLOPS" in source  # tells the user how to supply the figure
     monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "100")
     assert peak_flops(torch.device("cuda", 0), dtype)[0] == 100e12
+
+
+def test_fp32_with_tf32_uses_the_tensor_core_peak(monkeypatch):
+    """Training turns TF32 on; an fp32 MFU against the plain fp32 peak would read far above the truth."""
+    monkeypatch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("codeparrot.mfu._tf32_enabled", lambda: True)
+    assert peak_flops(torch.device("cuda", 0), torch.float32) == (494.5e12, "NVIDIA H100 80GB HBM3 TF32 data sheet")
+    monkeypatch.setattr("codeparrot.mfu._tf32_enabled", lambda: False)
+    assert peak_flops(torch.device("cuda", 0), torch.float32)[0] == 67e12
 
 
 def test_mfu_arithmetic():

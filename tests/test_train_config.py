@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from codeparrot.config import load_config
+from codeparrot.config import load_config, to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.optim import build_optimizer, build_scheduler, lr_factor, split_decay
 from codeparrot.train_config import ScheduleConfig, TrainConfig
@@ -167,3 +167,15 @@ def test_secrets_never_reach_logged_configs():
     assert clean["revision"] == cfg["revision"]  # a commit id is not a secret
     assert clean["logging"]["project"] == "codeparrot"
     assert clean["model"] == "https://***@huggingface.co/org/model"
+    assert clean["data"]["hub_token"] == "***"
+
+
+def test_redacted_config_round_trips_through_load_config(tmp_path):
+    """What a checkpoint saves as train_config.yaml loads back: keys that merely contain "token"
+    (`tokenizer`, `chars_per_token`) are settings, not secrets."""
+    cfg = load_config(TrainConfig, None, ["--data.tokenizer", "tok/dir", "--data.chars_per_token", "3.2"])
+    path = tmp_path / "train_config.yaml"
+    path.write_text(yaml.safe_dump(redact(to_dict(cfg))))
+    again = load_config(TrainConfig, path)
+    assert again.data.tokenizer == "tok/dir" and again.data.chars_per_token == pytest.approx(3.2)
+    assert to_dict(again) == to_dict(cfg)
