@@ -65,6 +65,11 @@ def load_model_and_tokenizer(ref: str, revision: str | None = None, device: str 
         raise CodeParrotError(f"{where}: no config.json in {folder}; not a model folder")
     tokenizer = load_tokenizer(str(folder))
     model = load_pretrained_model(str(folder), dtype=torch.float32 if dev.type == "cpu" else "auto")
+    # transformers drops an all-ones attention mask at prefill (SDPA's causal fast path) and then warns that the
+    # EOS-prefixed prompt "may be padded" in the middle of the streamed completion; a padded batch keeps its mask.
+    from codeparrot.evaluation import skip_padding_check
+
+    skip_padding_check(model)
     if len(tokenizer) > model.config.vocab_size:
         raise CodeParrotError(f"{where}: tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                               f"holds {model.config.vocab_size}; they do not belong together")
