@@ -12,13 +12,13 @@ promoting a 6 GB checkpoint downloads nothing.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.redaction import scrub_secrets
 from codeparrot.repository import (
     BranchInfo,
     CheckpointRepository,
@@ -31,12 +31,7 @@ from codeparrot.repository import (
     validate_revision,
 )
 
-_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
-
-
-def scrub(text: str) -> str:
-    """`text` with anything that looks like a Hugging Face token replaced by `hf_***`."""
-    return _TOKEN_RE.sub("hf_***", text)
+scrub = scrub_secrets  # error messages from the Hub client may echo a token or a credentialed URL
 
 
 def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None = None) -> CodeParrotError:

@@ -3,7 +3,7 @@
 Trackers (TensorBoard, W&B) are optional comforts: one that fails to start is a warning, never a dead run.
 W&B runs offline (files under the run folder, `wandb sync` later) unless a `WANDB_API_KEY` is set. Nothing
 secret reaches a tracker or a file: configs are redacted (keys that name a token/secret/password, values
-that look like Hugging Face or W&B tokens, credentials inside URLs) before they are logged.
+that look like Hugging Face tokens, credentials inside URLs: `codeparrot.redaction`) before they are logged.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from codeparrot.atomic_io import atomic_write_text
+from codeparrot.redaction import scrub_secrets
 
 # Key names that hold credentials: `token` alone or as a credential's name (hf_token, hub_token,
 # access_token, ...), api keys, passwords, secrets. Deliberately not any key containing "token": settings such
@@ -25,12 +26,6 @@ from codeparrot.atomic_io import atomic_write_text
 _SECRET_KEY = re.compile(
     r"^(?:(?:[a-z0-9]+[_.-])*(?:hf|hub|huggingface|auth|access|bearer|api|wandb|user|org|github|gh|refresh|id)[_.-]?)?"
     r"tokens?$|(?:^|[_.-])(?:api[_.-]?keys?|secrets?|passwords?|passwd|credentials?)$", re.IGNORECASE)
-# Hugging Face user/org tokens (hf_..., api_org_...); 40-hex W&B keys are not matched by value because a git
-# commit id (a valid `revision`) has the same shape: they are caught by their key name instead.
-_SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|api_org_[A-Za-z0-9]{20,})\b")
-_URL_CREDENTIALS = re.compile(r"(://)[^/@\s]+@")
-
-
 def redact(value: Any, key: str = "") -> Any:
     """A copy of a (nested) config with every secret-looking key or value replaced by '***'."""
     if isinstance(value, dict):
@@ -40,7 +35,7 @@ def redact(value: Any, key: str = "") -> Any:
     if key and _SECRET_KEY.search(key) and value not in (None, "", False):
         return "***"
     if isinstance(value, str):
-        return _SECRET_VALUE.sub("***", _URL_CREDENTIALS.sub(r"\1***@", value))
+        return scrub_secrets(value)
     return value
 
 
