@@ -122,17 +122,7 @@ def read_samples(path: Path, problems: Sequence[dict] | None = None, default_tem
         print(f"warning: {path}: dropped a truncated last line (interrupted run)", file=sys.stderr)
     known = {p["task_id"] for p in problems} if problems is not None else None
     samples, counters, first_line, repeated = [], Counter(), {}, []
-    try:
-        lines = text.decode("utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise CodeParrotError(f"{path}: not UTF-8 (byte {err.start})") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CodeParrotError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+    for number, obj in _json_lines(path, text):
         if not isinstance(obj, dict) or not isinstance(obj.get("task_id"), str) or \
                 not isinstance(obj.get("completion"), str):
             raise CodeParrotError(f"{path}:{number}: each line needs a string task_id and completion")
