@@ -17,12 +17,18 @@ loads offline.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from codeparrot.atomic_io import atomic_dir, atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.refs import resolve_model_dir
 
 EOS_TOKEN = "<|endoftext|>"
 # Written next to the tokenizer files by `save_tokenizer` (bytes/token, training time, corpus size).
@@ -31,7 +37,6 @@ STATS_FILE = "tokenizer_stats.json"
 
 def _byte_level_bpe():
     """An untrained `tokenizers.Tokenizer` with GPT-2's byte-level pipeline around an empty BPE model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(models.BPE())
     # use_regex=True is GPT-2's split pattern ('s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+);
@@ -43,7 +48,6 @@ def _byte_level_bpe():
 
 def wrap_tokenizer(tok):
     """Wrap a trained `tokenizers.Tokenizer` as the `transformers` fast tokenizer the project uses."""
-    from transformers import PreTrainedTokenizerFast
 
     if tok.token_to_id(EOS_TOKEN) is None:
         raise CodeParrotError(f"tokenizer has no {EOS_TOKEN} token")
@@ -67,7 +71,6 @@ class _CountingIterator:
         self.n_bytes = 0
 
     def __iter__(self) -> Iterator[str]:
-        import itertools
 
         # islice stops before pulling item limit+1, so a shared iterator can go on to a held-out split.
         for text in itertools.islice(self.texts, self.limit):
@@ -86,7 +89,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 32768, length: int |
     `length` (the number of texts, when known) both limits how many are read and sizes the progress bar.
     Returns a `transformers.PreTrainedTokenizerFast`; `tokenizer.train_stats` holds the corpus size and time.
     """
-    from tokenizers import pre_tokenizers, trainers
 
     min_vocab = 256 + 1
     if vocab_size < min_vocab:
@@ -141,7 +143,6 @@ def bytes_per_token(tokenizer, texts: Iterable[str], batch_size: int = 256) -> f
 
 def save_tokenizer(tokenizer, output_dir: str | os.PathLike, stats: dict | None = None) -> Path:
     """Save atomically into `output_dir` (tokenizer files + `tokenizer_stats.json`); returns the folder."""
-    from codeparrot.atomic_io import atomic_dir, atomic_write_json
 
     output_dir = Path(output_dir)
     with atomic_dir(output_dir) as tmp:
@@ -157,14 +158,12 @@ def load_tokenizer(path: str, revision: str | None = None):
     A missing folder, or one without `tokenizer.json`/`tokenizer_config.json`, is a `CodeParrotError`
     naming the path; so is a tokenizer without the `<|endoftext|>` token the project relies on.
     """
-    from codeparrot.repository import resolve_model_dir
 
     folder = resolve_model_dir(str(path), revision)
     if not folder.is_dir():
         raise CodeParrotError(f"tokenizer folder not found: {folder}")
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         raise CodeParrotError(f"{folder} is not a tokenizer folder (no tokenizer.json or tokenizer_config.json)")
-    from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))

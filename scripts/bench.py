@@ -11,8 +11,8 @@ import sys
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != _HERE]
 
-from codeparrot.bench import AREAS, run  # noqa: E402
 from codeparrot.errors import run_cli  # noqa: E402
+from codeparrot.tools.bench import AREAS, run  # noqa: E402
 
 
 def main() -> int:

@@ -58,8 +58,8 @@ def plot_branch(repo, args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from codeparrot.atomic_io import atomic_write_json
-    from codeparrot.evaluation import validation_loss
-    from codeparrot.plots import plot_checkpoint_losses
+    from codeparrot.tools.plots import plot_checkpoint_losses
+    from codeparrot.training.validation import validation_loss
 
     commits = sorted((c for c in repo.list_commits(args.branch) if c.step is not None), key=lambda c: c.step)
     points = []
@@ -82,7 +82,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from codeparrot.repository import open_repository
+    from codeparrot.repository.refs import open_repository
 
     repo = open_repository(args.repo)
     if args.command == "list":

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from codeparrot.demo import run_demo
 from codeparrot.errors import run_cli
+from codeparrot.tools.demo import run_demo
 
 
 def main() -> int:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from codeparrot.data.export import MAX_SIZE, MIN_SIZE, default_source, export_local
 from codeparrot.errors import run_cli
-from codeparrot.export_local import MAX_SIZE, MIN_SIZE, default_source, export_local
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from codeparrot.atomic_io import atomic_write_json
-    from codeparrot.generation import (CompletionStreamer, format_samples, generate_completions,
-                                       load_model_and_tokenizer, read_prompt, timed_generation)
+    from codeparrot.inference.completion import (
+        CompletionStreamer,
+        format_samples,
+        generate_completions,
+        read_prompt,
+        timed_generation,
+    )
+    from codeparrot.repository.model import load_model_and_tokenizer
 
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar between prompt and output
     prompt = read_prompt(args.prompt, args.prompt_file)

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from codeparrot.atomic_io import atomic_write_text
-    from codeparrot.generation import load_model_and_tokenizer, read_source_file
-    from codeparrot.highlight import format_lines, most_surprising, render_html, score_file
+    from codeparrot.inference.completion import read_source_file
+    from codeparrot.inference.highlight import format_lines, most_surprising, render_html, score_file
+    from codeparrot.repository.model import load_model_and_tokenizer
 
     transformers.utils.logging.disable_progress_bar()
     path = Path(args.file)

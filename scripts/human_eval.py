@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from codeparrot.humaneval import run
+    from codeparrot.humaneval.scoring import run
 
     return run(parse_args(argv))
 

@@ -24,7 +24,7 @@ def main() -> int:
     fi.add_argument("--output", required=True, help="PNG to write")
     args = parser.parse_args()
 
-    from codeparrot.plots import plot_filter_stats, plot_training
+    from codeparrot.tools.plots import plot_filter_stats, plot_training
 
     paths = plot_training(args.metrics, args.output_dir) if args.command == "training" else [
         plot_filter_stats(args.stats, args.output)]

@@ -20,9 +20,9 @@ import sys
 import typing
 from typing import Any
 
+from codeparrot.data.filters import FilterConfig, filter_config_from_args
+from codeparrot.data.preprocess import PreprocessConfig, available_cores, preprocess
 from codeparrot.errors import run_cli
-from codeparrot.filters import FilterConfig, filter_config_from_args
-from codeparrot.preprocess import PreprocessConfig, available_cores, preprocess
 
 
 def _add_filter_flags(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from codeparrot.data_files import resolve_data_files, split_folders
+from codeparrot.data.records import resolve_data_files, split_folders
 from codeparrot.errors import run_cli
 
 
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = splits_of(args.dataset, args.output_dir)
     for shards, _ in jobs:  # a wrong path fails now, before the tokenizer (and torch) are loaded
         resolve_data_files(shards)
-    from codeparrot.pretokenized import pretokenize
     from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.datasets.pretokenized import pretokenize
 
     tokenizer = load_tokenizer(args.tokenizer)
     for shards, out in jobs:

@@ -11,7 +11,7 @@ import sys
 
 from codeparrot.config import describe, load_config
 from codeparrot.errors import CodeParrotError, run_cli
-from codeparrot.train_config import TrainConfig
+from codeparrot.training.config import TrainConfig
 
 
 def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CodeParrotError(f"--inspect-batches must be >= 0, got {args.inspect_batches}")
     profile = parse_profile_steps(args.profile_steps)
     cfg = load_config(TrainConfig, args.config, overrides)
-    from codeparrot.train import train  # heavy imports only after the arguments are known to be valid
+    from codeparrot.training.train import train  # heavy imports only after the arguments are known to be valid
 
     result = train(cfg, resume=args.resume, inspect_batches=args.inspect_batches, profile_steps=profile)
     if result is not None and result.push_errors:

@@ -50,8 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from codeparrot.data_files import resolve_data_files, split_files_for
-    from codeparrot.records import BadRecords, iter_texts
+    from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
     from codeparrot.tokenizer import bytes_per_token, save_tokenizer, train_tokenizer
 
     out = args.output_dir
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bytes/token on {len(valid_texts)} {valid_source}: {bpt:.3f}")
     print(f"saved to {out}")
     if args.repo:
-        from codeparrot.repository import open_repository
+        from codeparrot.repository.refs import open_repository
 
         repo = open_repository(args.repo, create=True)
         measured = "" if bpt is None else f", {bpt:.2f} bytes/token"

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from codeparrot.atomic_io import atomic_write_json
-    from codeparrot.evaluation import validation_loss
+    from codeparrot.training.validation import validation_loss
 
     result = validation_loss(args.model, args.dataset, revision=args.revision, tokenizer_ref=args.tokenizer,
                              seq_length=args.seq_length, batch_size=args.batch_size,

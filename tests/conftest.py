@@ -110,7 +110,7 @@ def _save_tiny_gpt2(tokenizer, folder: Path, memorize: str | None = None, n_posi
     """Save a 2-layer GPT-2 (optionally overfit on EOS + `memorize` + EOS) with its tokenizer into `folder`."""
     import torch
 
-    from codeparrot.model import ModelConfig, build_model, to_gpt2_config
+    from codeparrot.repository.model import ModelConfig, build_model, to_gpt2_config
 
     cfg = ModelConfig(n_layer=2, n_embd=64, n_head=2, n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0)
@@ -155,7 +155,7 @@ def tiny_models(tmp_path_factory, stdlib_texts) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def memorized(tiny_models):
     """(model, tokenizer) of the "memorized" tiny model, loaded on the CPU once per test module."""
-    from codeparrot.generation import load_model_and_tokenizer
+    from codeparrot.repository.model import load_model_and_tokenizer
 
     return load_model_and_tokenizer(str(tiny_models["memorized"]), device="cpu")
 

@@ -10,7 +10,12 @@ import pytest
 
 from codeparrot.errors import CodeParrotError
 from codeparrot.tokenizer import (
-    EOS_TOKEN, STATS_FILE, bytes_per_token, load_tokenizer, save_tokenizer, train_tokenizer,
+    EOS_TOKEN,
+    STATS_FILE,
+    bytes_per_token,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
 )
 
 VOCAB = 4096

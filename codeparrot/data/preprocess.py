@@ -1,0 +1,436 @@
+"""The data pipeline: BigQuery export -> exact dedup -> filters -> HumanEval decontamination -> near dedup ->
+deterministic train/valid split -> gzip JSONL shards, `stats.json` and `duplicate_clusters.json`.
+
+Streaming and parallel: the main process reads and parses records, hashes each content (whitespace removed)
+and decides exact duplicates in input order (so the first occurrence wins for any worker count); only first
+occurrences go to the worker pool, which filters, decontaminates and computes MinHash signatures in chunks.
+Results come back in submission order with a bounded number of chunks in flight, so memory does not grow
+with the input. Survivors go straight to the shards, or, with near dedup, to a spool file inside the temporary
+output folder while their signatures are appended to a uint32 file (1 KiB per file at 256 permutations,
+memory-mapped for clustering). After clustering (connected components, see `near_dedup`), a second pass copies
+the spool to the shards without the near duplicates (the first file of each cluster in input order is kept).
+Records are written byte for byte as they were read, so every field passes through.
+
+Per-file memory: 8 bytes for the exact-dedup digest; with near dedup also 18 bytes of spool metadata per
+survivor (split and signature flags, text size, input file index and line for `duplicate_clusters.json`), the
+signature row on disk, and the LSH index while clustering (see `codeparrot.data.near_dedup`).
+
+Everything is written inside `atomic_dir(output_dir)`: a failed or interrupted run leaves no output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from array import array
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
+from codeparrot.data.filters import REASONS, FilterConfig, TextFilter, TokenCounter
+from codeparrot.data.near_dedup import find_clusters
+from codeparrot.data.records import FILE_LEVEL_REASONS, BadRecords, iter_raw_records, resolve_data_files
+from codeparrot.data.shards import ShardWriter, ensure_replaceable
+from codeparrot.errors import CodeParrotError
+
+OUTPUT_ENTRIES = ["train", "valid", "stats.json", "duplicate_clusters.json"]
+DECONTAMINATED = "decontaminated:"  # prefix of a worker's reason for a contaminated file
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's share), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+@dataclass
+class PreprocessConfig:
+    """Everything `preprocess` needs; the CLI flags of scripts/preprocess.py map one to one."""
+
+    inputs: list[str]
+    output_dir: str
+    text_column: str = "content"
+    strict: bool = False
+    num_workers: int = field(default_factory=lambda: available_cores())  # 0: no pool, all in this process
+    seed: int = 0
+    near_dedup: bool = False
+    num_perm: int = 256
+    jaccard_threshold: float = 0.85
+    min_tokens: int = 10
+    decontaminate: bool = True
+    valid_fraction: float = 0.01
+    samples_per_file: int = 100_000
+    tokenizer: str | None = None
+    compression_level: int = 6
+    chunk_files: int = 64  # a worker task closes at this many files ...
+    chunk_bytes: int = 1 << 20  # ... or this many characters of text
+    progress: bool | None = None  # None: a bar when stderr is a terminal
+    filters: FilterConfig = field(default_factory=FilterConfig)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.valid_fraction <= 1.0:
+            raise CodeParrotError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
+        if self.num_workers < 0:
+            raise CodeParrotError(f"--num-workers must be >= 0, got {self.num_workers}")
+        if not 0.0 < self.jaccard_threshold <= 1.0:
+            raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
+        if self.num_perm < 2 or self.min_tokens < 1:
+            raise CodeParrotError("--num-perm must be >= 2 and --min-tokens >= 1")
+        self.filters.validate()
+
+
+# --- worker side: filters, decontamination and MinHash for a chunk of first occurrences ---------------------
+
+class ChunkWorker:
+    """The per-chunk work; picklable, sent once to each pool process by the initializer."""
+
+    def __init__(self, cfg: PreprocessConfig, decontaminator, minhasher):
+        counter = TokenCounter(cfg.tokenizer) if cfg.tokenizer else None  # loads lazily, in the worker
+        self.text_filter = TextFilter(cfg.filters, cfg.seed, counter)
+        self.decontaminator = decontaminator
+        self.minhasher = minhasher
+
+    def __call__(self, texts: list[str], digests: list[int]):
+        """(reasons, signatures uint32[kept, num_perm] | None, valid bool[kept] | None, seconds per stage).
+        A reason is a filter name, DECONTAMINATED + the pattern's source, or None (kept)."""
+        t0 = time.process_time()  # CPU seconds: stage costs do not depend on other jobs sharing the machine
+        all_lines = [t.splitlines() for t in texts]  # shared by the filters and the decontamination
+        reasons = self.text_filter.reasons(texts, digests, all_lines)
+        t1 = time.process_time()
+        if self.decontaminator is not None:
+            for i, text in enumerate(texts):
+                if reasons[i] is None and (source := self.decontaminator.match(text, all_lines[i])) is not None:
+                    reasons[i] = DECONTAMINATED + source
+        t2 = time.process_time()
+        sigs = valid = None
+        if self.minhasher is not None:
+            sigs, valid = self.minhasher.signatures([t for t, r in zip(texts, reasons) if r is None])
+        t3 = time.process_time()
+        return reasons, sigs, valid, {"filters": t1 - t0, "decontaminate": t2 - t1, "minhash": t3 - t2}
+
+
+_WORKER: ChunkWorker | None = None
+
+
+def _init_worker(worker: ChunkWorker) -> None:
+    global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _WORKER = worker
+
+
+def _run_chunk(task):
+    return _WORKER(*task)
+
+
+class _Done:
+    """An already computed result with the `AsyncResult.get` interface (--num-workers 0)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+# --- main side ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Totals:
+    valid_records: int = 0
+    exact_duplicates: int = 0
+    near_duplicates: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    filtered: Counter = field(default_factory=Counter)
+    decontaminated: Counter = field(default_factory=Counter)  # source ("HumanEval/12 docstring") -> files
+    kept: Counter = field(default_factory=Counter)  # split -> files
+    seconds: Counter = field(default_factory=Counter)  # stage -> seconds
+    files: Counter = field(default_factory=Counter)  # stage -> files that entered it
+    bytes: Counter = field(default_factory=Counter)  # stage -> bytes that entered it
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
+
+    return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
+
+
+class _Sink:
+    """Where pass 1 puts survivors: straight into the train/valid shards, or into the near-dedup spool."""
+
+    def __init__(self, cfg: PreprocessConfig, out: Path, totals: _Totals):
+        self.cfg, self.totals = cfg, totals
+        self.writers = {split: ShardWriter(out / split, cfg.samples_per_file, cfg.compression_level)
+                        for split in ("train", "valid")}
+        self.spool = None
+        if cfg.near_dedup:
+            self.spool_path, self.sig_path = out / ".spool.jsonl", out / ".signatures.u32"
+            self.spool, self.sig_file = open(self.spool_path, "wb"), open(self.sig_path, "wb")
+            self.is_valid = bytearray()  # per spool row: 1 = valid split
+            self.has_sig = bytearray()  # per spool row: 1 = has a signature (>= min_tokens tokens)
+            self.file_index, self.line = array("I"), array("Q")  # per spool row: where it was read
+            self.nbytes = array("I")  # per spool row: UTF-8 bytes of the text
+
+    def put(self, line: bytes, text: str, digest: int, file_index: int, lineno: int) -> None:
+        # Deterministic split by content: the (uniform) 64-bit digest below valid_fraction x 2^64.
+        is_valid = digest < self.cfg.valid_fraction * 2.0**64
+        if self.spool is None:
+            self.write(line, is_valid, _utf8_len(text))
+            return
+        self.spool.write(line + b"\n")
+        self.is_valid.append(is_valid)
+        self.file_index.append(file_index)
+        self.line.append(lineno)
+        self.nbytes.append(_utf8_len(text))
+
+    def put_signatures(self, sigs: np.ndarray, valid: np.ndarray) -> None:
+        self.sig_file.write(np.ascontiguousarray(sigs, dtype=np.uint32).tobytes())
+        self.has_sig.extend(valid.astype(np.uint8).tobytes())
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.abort()
+        if self.spool is not None:
+            self.spool.close()
+            self.sig_file.close()
+
+    def write(self, line: bytes, is_valid: bool, nbytes: int) -> None:
+        split = "valid" if is_valid else "train"
+        self.writers[split].write_line(line)
+        self.totals.kept[split] += 1
+        self.totals.bytes_out += nbytes
+
+
+def _pass1(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sink, submit, totals: _Totals) -> int:
+    """Read, exact-dedup (here, in input order), then filter, decontaminate and sign (in the workers); returns
+    the bytes the exact-dedup index holds."""
+    seen = DigestSet()
+    file_index = {str(p): i for i, p in enumerate(paths)}
+    pending: deque = deque()  # (chunk, first-occurrence positions, digests, async result), in input order
+    window = 2 * max(cfg.num_workers, 1) + 1  # chunks in flight: keeps every worker busy, bounds memory
+    bar, start = _bar(cfg, "preprocess"), time.perf_counter()
+
+    def finish_oldest() -> None:
+        chunk, firsts, digests, result = pending.popleft()
+        reasons, sigs, valid, worker_seconds = result.get()
+        t = time.thread_time()
+        totals.seconds.update(worker_seconds)
+        for pos, reason in zip(firsts, reasons):
+            line, text, where = chunk[pos]
+            if reason is None:
+                sink.put(line, text, digests[pos], file_index[where.path], where.line)
+            elif reason.startswith(DECONTAMINATED):
+                totals.decontaminated[reason[len(DECONTAMINATED):]] += 1
+            else:
+                totals.filtered[reason] += 1
+        if sigs is not None:
+            sink.put_signatures(sigs, valid)
+        totals.files["decontaminate"] += sum(r is None or r.startswith(DECONTAMINATED) for r in reasons)
+        totals.files["minhash"] += reasons.count(None)
+        totals.seconds["write"] += time.thread_time() - t
+        bar.update(len(chunk))
+        bar.set_postfix_str(f"{totals.bytes_in / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
+
+    records = iter_raw_records(paths, cfg.text_column, bad)
+    while True:
+        t = time.thread_time()
+        chunk, size = [], 0  # (raw line, text, location), closed at chunk_files files or chunk_bytes characters
+        for line, _, text, where in records:
+            chunk.append((line, text, where))
+            size += len(text)
+            if len(chunk) >= cfg.chunk_files or size >= cfg.chunk_bytes:
+                break
+        totals.seconds["read"] += time.thread_time() - t
+        if not chunk:
+            break
+        t = time.thread_time()
+        digests = [digest_of_stripped(strip_whitespace(text)) for _, text, _ in chunk]
+        firsts = np.flatnonzero(seen.add_batch(np.array(digests, dtype=np.uint64))).tolist()
+        chunk_bytes = sum(_utf8_len(text) for _, text, _ in chunk)
+        totals.valid_records += len(chunk)
+        totals.exact_duplicates += len(chunk) - len(firsts)
+        totals.bytes_in += chunk_bytes
+        totals.files["filters"] += len(firsts)
+        totals.seconds["exact_dedup"] += time.thread_time() - t
+        pending.append((chunk, firsts, digests, submit(([chunk[i][1] for i in firsts], [digests[i] for i in firsts]))))
+        while len(pending) >= window:
+            finish_oldest()
+    while pending:
+        finish_oldest()
+    bar.close()
+    for stage in ("read", "exact_dedup"):
+        totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
+    return seen.nbytes
+
+
+def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path], totals: _Totals) -> dict:
+    """Cluster the spooled survivors' signatures, then copy the spool to the shards without the near duplicates.
+    Returns the content of `duplicate_clusters.json`."""
+
+    sink.spool.close()
+    sink.sig_file.close()
+    n = len(sink.is_valid)
+    t = time.thread_time()
+    clusters: list[np.ndarray] = []
+    if n:
+        sigs = np.memmap(sink.sig_path, dtype=np.uint32, mode="r", shape=(n, cfg.num_perm))  # [n, num_perm]
+        has_sig = np.frombuffer(bytes(sink.has_sig), dtype=np.uint8).astype(bool)  # [n]
+        clusters = find_clusters(sigs, cfg.jaccard_threshold, has_sig)
+        del sigs
+    totals.seconds["clustering"] += time.thread_time() - t
+    totals.files["clustering"] = n
+    drop = np.zeros(n, dtype=bool)
+    for cluster in clusters:
+        drop[cluster[1:]] = True  # the first member (earliest in input order) of each cluster is kept
+    members: dict[int, dict | None] = {int(r): None for c in clusters for r in c}
+    t = time.thread_time()
+    bar = _bar(cfg, "write", total=n)
+    with open(sink.spool_path, "rb") as spool:
+        for row, line in enumerate(spool):
+            line = line[:-1]  # every spool line ends with "\n"
+            if row in members:
+                record = json.loads(line)
+                members[row] = {"repo_name": record.get("repo_name"), "path": record.get("path"),
+                                "input": f"{paths[sink.file_index[row]]}:{sink.line[row]}", "kept": not drop[row]}
+            if drop[row]:
+                totals.near_duplicates += 1
+            else:
+                sink.write(line, sink.is_valid[row], sink.nbytes[row])
+            if row % 1024 == 1023 or row == n - 1:
+                bar.update(row + 1 - bar.n)
+    bar.close()
+    os.unlink(sink.spool_path)
+    os.unlink(sink.sig_path)
+    totals.seconds["write"] += time.thread_time() - t
+    return {"num_clusters": len(clusters), "files_in_clusters": len(members), "near_duplicates": int(drop.sum()),
+            "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm,
+            "clusters": [[members[int(r)] for r in c] for c in clusters]}
+
+
+def _stats(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, totals: _Totals, index_bytes: int,
+           clusters: dict | None, shards: dict[str, list[Path]]) -> dict[str, Any]:
+    """stats.json. `seconds` per stage are CPU seconds, so they do not depend on other jobs sharing the machine:
+    read, exact_dedup and clustering of the main thread, write of the main thread plus the compression thread,
+    filters, decontaminate and minhash summed over the worker processes; pass1, pass2 and total are wall-clock.
+    `files_per_second`/`mb_per_second` divide the files/bytes that entered a stage by its seconds (for a CPU
+    stage: per core)."""
+    secs = {k: v for k, v in totals.seconds.items() if v > 0}
+    enabled = cfg.filters.enabled_reasons(with_tokenizer=bool(cfg.tokenizer))
+    near_index = {}
+    if cfg.near_dedup:  # per survivor: its signature row (on disk) and the spool's metadata arrays (in RAM)
+        near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 18}
+    filters = vars(cfg.filters)
+    unique = totals.valid_records - totals.exact_duplicates
+    return {
+        "input_records": totals.valid_records + sum(c for r, c in bad.counts.items() if r not in FILE_LEVEL_REASONS),
+        "valid_records": totals.valid_records,
+        "bad_records": dict(sorted(bad.counts.items())),
+        "bad_record_examples": dict(sorted(bad.first.items())),
+        "exact_duplicates": totals.exact_duplicates,
+        "filtered": {r: totals.filtered[r] for r in REASONS if r in enabled or totals.filtered[r]},
+        "decontaminated": sum(totals.decontaminated.values()),
+        "decontaminated_by_source": dict(sorted(totals.decontaminated.items())),
+        "near_duplicates": totals.near_duplicates,
+        "near_duplicate_clusters": clusters["num_clusters"] if clusters else 0,
+        "files_in_clusters": clusters["files_in_clusters"] if clusters else 0,
+        "kept_train": totals.kept["train"],
+        "kept_valid": totals.kept["valid"],
+        "bytes_in": totals.bytes_in,
+        "bytes_out": totals.bytes_out,
+        "seconds": {k: round(v, 4) for k, v in secs.items()},
+        "files_per_second": {k: round(totals.files[k] / v, 1) for k, v in secs.items() if k in totals.files},
+        "mb_per_second": {k: round(totals.bytes[k] / 1e6 / v, 2) for k, v in secs.items() if k in totals.bytes},
+        "index_bytes_per_file": {"exact_dedup": round(index_bytes / max(unique, 1), 2), **near_index},
+        "shards": {split: [p.name for p in files] for split, files in shards.items()},
+        "inputs": [str(p) for p in paths],
+        "config": {k: v for k, v in vars(cfg).items() if k not in ("filters", "progress")} | {"filters": filters},
+    }
+
+
+def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
+    """Run the whole pipeline into `cfg.output_dir` (atomically); returns the stats also saved as stats.json."""
+    cfg.validate()
+    start = time.perf_counter()
+    paths = resolve_data_files(cfg.inputs)
+    out = Path(cfg.output_dir)
+    ensure_replaceable(out, OUTPUT_ENTRIES, "a preprocess output")
+    if cfg.tokenizer:
+        TokenCounter(cfg.tokenizer).load()  # a wrong path fails now, not in every worker
+    decontaminator = minhasher = None
+    if cfg.decontaminate:
+        from codeparrot.data.decontaminate import Decontaminator
+
+        decontaminator = Decontaminator()
+    if cfg.near_dedup:
+        from codeparrot.data.near_dedup import MinHasher
+
+        minhasher = MinHasher(cfg.num_perm, cfg.seed, cfg.min_tokens)
+    totals, bad = _Totals(), BadRecords(strict=cfg.strict)
+    worker = ChunkWorker(cfg, decontaminator, minhasher)
+    with atomic_dir(out) as tmp:
+        sink = _Sink(cfg, tmp, totals)
+        try:
+            stats = _run(cfg, paths, bad, sink, worker, totals, tmp, start)
+        except BaseException:
+            sink.abort()  # no writer thread may still write into the folder atomic_dir is removing
+            raise
+    return stats
+
+
+def _run(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sink, worker: ChunkWorker,
+         totals: _Totals, tmp: Path, start: float) -> dict[str, Any]:
+    """Both passes into the temporary folder `tmp`; returns the stats."""
+    pool = multiprocessing.get_context().Pool(cfg.num_workers, _init_worker, (worker,)) if cfg.num_workers else None
+    submit = (lambda task: pool.apply_async(_run_chunk, (task,))) if pool else (lambda task: _Done(worker(*task)))
+    try:
+        index_bytes = _pass1(cfg, paths, bad, sink, submit, totals)
+    finally:
+        if pool is not None:
+            pool.terminate()  # all results are in (or we are failing): nothing left to wait for
+            pool.join()
+    totals.seconds["pass1"] = time.perf_counter() - start
+    if totals.valid_records == 0:
+        problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
+        raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
+    clusters = None
+    if cfg.near_dedup:
+        t = time.perf_counter()
+        clusters = _near_dedup_pass(cfg, sink, paths, totals)
+        totals.seconds["pass2"] = time.perf_counter() - t
+        totals.files["pass2"] = totals.files["clustering"]
+    shards = {split: writer.close() for split, writer in sink.writers.items()}
+    totals.seconds["write"] += sum(writer.cpu_seconds for writer in sink.writers.values())  # compression thread
+    for split in shards:
+        (tmp / split).mkdir(exist_ok=True)  # an empty split is an empty folder, never a missing one
+    totals.seconds["total"] = time.perf_counter() - start
+    for stage in ("pass1", "total"):
+        totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
+    stats = _stats(cfg, paths, bad, totals, index_bytes, clusters, shards)
+    if clusters is not None:
+        _write_clusters(tmp / "duplicate_clusters.json", clusters)
+    atomic_write_json(tmp / "stats.json", stats)
+    return stats
+
+
+def _write_clusters(path: Path, clusters: dict) -> None:
+    """duplicate_clusters.json with one cluster per line: valid JSON, greppable, no single giant string."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({k: v for k, v in clusters.items() if k != "clusters"})[:-1] + ', "clusters": [')
+        for i, cluster in enumerate(clusters["clusters"]):
+            f.write(("\n  " if i == 0 else ",\n  ") + json.dumps(cluster, ensure_ascii=False))
+        f.write("\n]}\n")

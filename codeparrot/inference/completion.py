@@ -1,0 +1,238 @@
+"""Code completion from a checkpoint: HumanEval's prompt format and stop rules, streamed to the terminal.
+
+The prompt is `EOS + prompt.strip()` exactly as the HumanEval harness builds it (training joins files with
+EOS, so EOS marks "a new file starts here"). A sequence is finished at EOS or when its completion contains
+one of the HumanEval stop strings (`codeparrot.humaneval.stopping` owns them and the cut); the streamer never prints
+text that a later stop string would cut away, so what streams is exactly the final truncated completion.
+
+Models are loaded with `codeparrot.repository.model.load_model_and_tokenizer` (any repository reference
+plus an optional revision), as everywhere else.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, truncate_completion
+from codeparrot.repository.model import model_context
+
+# Decoding must be exact for code: no "clean up" of spaces before punctuation (" ." -> "."), which some
+# GPT-2 tokenizer configs enable by default and which would silently rewrite `a .b` or `x , y`.
+DECODE_KWARGS = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+def build_prompt_ids(tokenizer, prompt: str, strip: bool = True) -> list[int]:
+    """HumanEval's prompt: EOS, then the (stripped) prompt, tokenized without any other special tokens."""
+    text = prompt.strip() if strip else prompt
+    return [tokenizer.eos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def read_source_file(path: str | Path, flag: str = "") -> str:
+    """A code file's exact text (UTF-8, no newline translation), or a one-line error naming `flag` (e.g.
+    "--prompt-file "), the path and, for an invalid byte, its offset and line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CodeParrotError(f"{flag}{path}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise CodeParrotError(f"{flag}{path}: not UTF-8 text (invalid byte at offset {err.start}, line {line})") \
+            from None
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """`--prompt TEXT`, `--prompt -` (stdin) or `--prompt-file PATH` as text."""
+    if prompt_file is not None:
+        return read_source_file(prompt_file, "--prompt-file ")
+    if prompt == "-":
+        return sys.stdin.read()
+    if prompt is None:
+        raise CodeParrotError("give a prompt: --prompt TEXT, --prompt - (read stdin) or --prompt-file PATH")
+    return prompt
+
+
+# -------------------------------------------------------------------------------------------- streaming
+class CompletionStreamer(BaseStreamer):
+    """A `generate()` streamer that writes one sequence's completion as it grows, cut like HumanEval.
+
+    `generate` calls `put` first with the prompt ids (batch, prompt_len) and then once per step with the
+    new tokens (batch,). Only sequence `sequence` is streamed. Text is written only once it is final:
+    a trailing partial UTF-8 character (decoded as U+FFFD) and a trailing prefix of a stop string (e.g. a
+    lone "\\n" that may become "\\ndef") are held back until the next token decides. Hence the streamed text
+    is always a prefix of, and at the end equal to, the truncated completion (`self.text`).
+    """
+
+    def __init__(self, tokenizer, write: Callable[[str], None] | None = None, stop: bool = True,
+                 sequence: int = 0, prefix: str = ""):
+
+        self.tokenizer = tokenizer
+        self.write = write or _write_stdout
+        self.stop_strings: tuple[str, ...] = tuple(STOP_STRINGS) if stop else ()
+        self.sequence = sequence
+        self.prefix = prefix  # written when generation starts (after all checks passed), e.g. the prompt
+        self.eos_id = tokenizer.eos_token_id
+        self.ids: list[int] = []
+        self.text = ""  # what has been written so far
+        self.finished = False
+        self._got_prompt = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._got_prompt:  # the first call carries the prompt ids: show `prefix` instead
+            self._got_prompt = True
+            if self.prefix:
+                self.write(self.prefix)
+            return
+        if self.finished:
+            return
+        token = int(value.reshape(value.shape[0], -1)[self.sequence, -1])
+        if token == self.eos_id:
+            self._finish()
+            return
+        self.ids.append(token)
+        full = self.tokenizer.decode(self.ids, **DECODE_KWARGS)
+        cut = _truncate(full) if self.stop_strings else full
+        if len(cut) < len(full):  # a stop string appeared: the completion is final
+            self._emit(cut)
+            self.finished = True
+            return
+        self._emit(self._settled_prefix(full))
+
+    def end(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.finished:
+            full = self.tokenizer.decode(self.ids, **DECODE_KWARGS)
+            self._emit(_truncate(full) if self.stop_strings else full)
+            self.finished = True
+
+    def _settled_prefix(self, full: str) -> str:
+        """`full` minus a trailing partial character (decoded as U+FFFD) and minus the longest suffix that is
+        the beginning of a stop string: text that the next tokens may still change or cut away."""
+        end = len(full)
+        while end > 0 and full[end - 1] == "\ufffd":
+            end -= 1
+        hold = 0
+        for s in self.stop_strings:
+            for k in range(min(len(s) - 1, end), hold, -1):  # longest proper prefix of s ending at `end`
+                if full.endswith(s[:k], 0, end):
+                    hold = k
+                    break
+        return full[:end - hold]
+
+    def _emit(self, text: str) -> None:
+        if len(text) > len(self.text):
+            self.write(text[len(self.text):])
+            self.text = text
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _truncate(completion: str) -> str:
+
+    return truncate_completion(completion)
+
+
+# ------------------------------------------------------------------------------------------- generation
+@dataclass
+class Completion:
+    """One generated sample: the truncated completion (prompt excluded) and why it ended."""
+
+    text: str
+    num_tokens: int  # generated tokens up to and including the one that finished it
+    stop_reason: str  # "stop string '\\ndef'", "eos" or "max_new_tokens"
+
+
+def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int = 128, temperature: float = 0.2,
+                         top_p: float = 0.95, num_return_sequences: int = 1, seed: int | None = None,
+                         stop: bool = True, strip_prompt: bool = True,
+                         streamer: BaseStreamer | None = None) -> list[Completion]:
+    """Sample `num_return_sequences` completions of `prompt` (temperature 0 = greedy), HumanEval-style.
+
+    Each sequence finishes on its own (EOS or a stop string); generation ends when all have. With `seed`,
+    the result is reproducible on the same device and software.
+    """
+    if max_new_tokens < 1:
+        raise CodeParrotError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if num_return_sequences < 1:
+        raise CodeParrotError(f"--num-return-sequences must be at least 1, got {num_return_sequences}")
+    if temperature < 0:
+        raise CodeParrotError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature == 0 and num_return_sequences > 1:
+        raise CodeParrotError(f"--temperature 0 is greedy decoding: all {num_return_sequences} samples would be "
+                              f"identical; use a positive temperature or --num-return-sequences 1")
+    if not 0 < top_p <= 1:
+        raise CodeParrotError(f"--top-p must be in (0, 1], got {top_p}")
+    prompt_ids = build_prompt_ids(tokenizer, prompt, strip=strip_prompt)
+    context = model_context(model)
+    if len(prompt_ids) + max_new_tokens > context:
+        raise CodeParrotError(f"the prompt is {len(prompt_ids)} tokens (EOS included); with --max-new-tokens "
+                              f"{max_new_tokens} that exceeds the model's context of {context} tokens")
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([prompt_ids], device=device)  # (1, prompt_len); generate expands it
+    criteria = None
+    if stop:  # HumanEval's per-sequence rule: a row finishes at EOS or once its completion has a stop string
+        from transformers import StoppingCriteriaList
+
+        from codeparrot.humaneval.stopping import StopStringsCriteria
+
+        criteria = StopStringsCriteria(tokenizer, len(prompt_ids))
+    # top_k=0 switches off transformers' default top-k of 50: the protocol is nucleus sampling only.
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
+        else {"do_sample": False}
+    if seed is not None:
+        torch.manual_seed(seed)  # seeds CPU and every CUDA device
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                             num_return_sequences=num_return_sequences, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.eos_token_id, streamer=streamer,
+                             stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
+                             **sampling)
+    new = out[:, len(prompt_ids):].tolist()  # (num_return_sequences, <= max_new_tokens)
+    finished = criteria.finished_at if criteria is not None and criteria.finished_at else [None] * len(new)
+    return [_to_completion(tokenizer, ids, stop, n) for ids, n in zip(new, finished)]
+
+
+def _to_completion(tokenizer, ids: list[int], stop: bool, finished_at: int | None) -> Completion:
+    """One generated row (padding after its end included) as a `Completion`, cut by `codeparrot.humaneval.stopping`."""
+
+    text, reason = finished_completion(tokenizer, ids, STOP_STRINGS if stop else ())
+    eos = tokenizer.eos_token_id
+    n = finished_at if finished_at is not None else (ids.index(eos) + 1 if eos in ids else len(ids))
+    if reason == "stop":  # name the stop string that cut it: it starts right where the text ends
+        full = tokenizer.decode(ids[:ids.index(eos)] if eos in ids else ids, **DECODE_KWARGS)
+        hit = next((s for s in STOP_STRINGS if full.startswith(s, len(text))), full[len(text):len(text) + 8])
+        return Completion(text, n, f"stop string {hit!r}")
+    return Completion(text, n, "eos" if reason == "eos" else "max_new_tokens")
+
+
+def timed_generation(fn: Callable[[], list[Completion]]) -> tuple[list[Completion], float]:
+    """Run `fn` and return its completions with the wall time in seconds."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def format_samples(prompt_text: str, completions: Sequence[Completion], start: int = 0) -> str:
+    """Samples `start..` as blocks with a header each, prompt included, for the terminal."""
+    blocks = []
+    for i, c in enumerate(completions[start:], start=start):
+        header = f"──── sample {i + 1}/{len(completions)} · {c.num_tokens} tokens · ended by {c.stop_reason} ────"
+        body = prompt_text + c.text
+        blocks.append(f"{header}\n{body}" + ("" if body.endswith("\n") else "\n"))
+    return "\n".join(blocks)

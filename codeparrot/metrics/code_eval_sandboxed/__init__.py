@@ -1,1 +1,0 @@
-"""The sandboxed code_eval metric: `evaluate.load(codeparrot.pass_at_k.METRIC_DIR)`."""

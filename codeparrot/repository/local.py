@@ -1,0 +1,282 @@
+"""Local checkpoint repository: a real git repository driven through plumbing commands.
+
+The repository is bare (created with `git init --bare`): checkpoints are committed on branches without a
+worktree to keep in sync, and it can be cloned, pushed to a remote or inspected with ordinary git. An
+existing non-bare repository works too, except for committing to the branch its worktree has checked out.
+
+A commit of a folder never touches the folder or any worktree: a throwaway index (`GIT_INDEX_FILE`) is
+filled with `git add` from the folder as a temporary work tree, written as a tree, committed with
+`commit-tree`, and the branch moved with `update-ref` compare-and-swap. Writers are serialized by a lock file
+in the git directory (`flock`), so concurrent pushes from several runs cannot lose a commit.
+
+Large files: when `git lfs` is installed the repository is created with LFS tracking for weight files
+(`*.safetensors`, `*.bin`, `*.pt`, ...), the objects living in the repository's own `lfs/` folder; without it
+(the common case on CI machines) weights are plain git blobs, stored uncompressed (zlib saves about 7% on fp32
+weights at 4x the time: 5 s instead of 46 s to commit codeparrot-small's 444 MB on 2 busy cores) and never
+delta-searched (`core.bigFileThreshold`). `lfs_enabled` says which mode a repository uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from codeparrot.atomic_io import atomic_dir
+from codeparrot.errors import CodeParrotError
+from codeparrot.repository.base import (
+    BranchInfo,
+    CheckpointRepository,
+    CommitInfo,
+    check_commit_folder,
+    main_then_newest,
+    parse_step,
+    promotion_message,
+    validate_branch_name,
+    validate_revision,
+)
+
+GIT_IDENTITY = ("CodeParrot", "codeparrot@localhost")
+ZERO_ID = "0" * 40
+LFS_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.npy", "*.h5", "*.msgpack", "*.gguf")
+# Settings that make commits independent of the user's global git config (CRLF conversion, signing, ...).
+_GIT_CONFIG = (
+    f"user.name={GIT_IDENTITY[0]}", f"user.email={GIT_IDENTITY[1]}", "commit.gpgSign=false",
+    "core.autocrlf=false", "core.safecrlf=false", "core.fsmonitor=false", "core.quotePath=false",
+    "core.hooksPath=/dev/null",
+)
+
+
+def is_git_repository(path: Path) -> bool:
+    """Whether `path` itself is a git directory (bare) or the top of a worktree (has `.git`).
+
+    Deliberately not `git rev-parse`: that would accept any folder inside some enclosing repository.
+    """
+    path = Path(path)
+    if (path / ".git").exists():
+        return True
+    return (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir()
+
+
+@functools.lru_cache(maxsize=1)
+def git_lfs_available() -> bool:
+    """Whether the `git lfs` extension is installed."""
+    try:
+        return subprocess.run(["git", "lfs", "version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    env.update(extra or {})
+    return env
+
+
+class LocalGitRepository(CheckpointRepository):
+    """A checkpoint repository in a local (bare) git repository at `path`."""
+
+    def __init__(self, path: str | os.PathLike, create: bool = False, use_lfs: bool | None = None):
+        self.path = Path(path)
+        self.ref = str(self.path)
+        if shutil.which("git") is None:
+            raise CodeParrotError("git is not installed; local checkpoint repositories need it")
+        empty_dir = self.path.is_dir() and not any(self.path.iterdir())
+        if not self.path.exists() or (create and empty_dir):
+            if not create:
+                raise CodeParrotError(f"repository not found: {self.path} (scripts/initialize_model.py creates one)")
+            self._init(use_lfs)
+        elif not is_git_repository(self.path):
+            raise CodeParrotError(f"{self.path} exists but is not a git repository")
+        bare = not (self.path / ".git").exists()
+        self.git_dir = self.path if bare else Path(self._run(["git", "-C", str(self.path), "rev-parse",
+                                                             "--absolute-git-dir"]).strip())
+        self.bare = bare
+        self.lfs_enabled = self._config("codeparrot.lfs") == "true"
+        if self.lfs_enabled and not git_lfs_available():
+            raise CodeParrotError(f"{self.path} stores weights with git-lfs, which is not installed here "
+                                  "(install git-lfs, e.g. apt-get install git-lfs)")
+
+    # -- plumbing helpers -------------------------------------------------------------------------------
+
+    def _run(self, cmd: list[str], input: bytes | None = None, env: dict | None = None, check: bool = True,
+             what: str = "git") -> str:
+        try:
+            proc = subprocess.run(cmd, input=input, capture_output=True, env=_git_env(env))
+        except OSError as err:
+            raise CodeParrotError(f"cannot run git: {err}") from None
+        if check and proc.returncode != 0:
+            msg = proc.stderr.decode(errors="replace").strip().splitlines()
+            raise CodeParrotError(f"{what} failed in {self.ref}: {msg[-1] if msg else f'exit {proc.returncode}'}")
+        return proc.stdout.decode("utf-8", errors="replace")
+
+    def _git(self, *args: str, input: bytes | None = None, env: dict | None = None, check: bool = True,
+             work_tree: Path | None = None) -> str:
+        cmd = ["git", f"--git-dir={self.git_dir}"]
+        if work_tree is not None:
+            cmd.append(f"--work-tree={work_tree}")
+        for setting in _GIT_CONFIG:
+            cmd += ["-c", setting]
+        return self._run(cmd + list(args), input=input, env=env, check=check, what=f"git {args[0]}")
+
+    def _config(self, key: str) -> str | None:
+        out = self._run(["git", f"--git-dir={self.git_dir}", "config", "--get", key], check=False).strip()
+        return out or None
+
+    def _init(self, use_lfs: bool | None) -> None:
+        """Create a bare repository atomically (a failed init leaves nothing behind)."""
+
+        lfs = git_lfs_available() if use_lfs is None else use_lfs
+        if lfs and not git_lfs_available():
+            raise CodeParrotError("use_lfs=True but git lfs is not installed")
+        with atomic_dir(self.path) as tmp:
+            self._run(["git", "init", "--quiet", "--bare", "--initial-branch=main", str(tmp)])
+            settings = [("core.compression", "0"),  # weights barely compress (~7%); zlib even at level 1 is 4x slower
+                        ("core.bigFileThreshold", "16m"),  # stream big blobs, never delta-search them
+                        ("codeparrot.lfs", "true" if lfs else "false")]
+            for key, value in settings:
+                self._run(["git", f"--git-dir={tmp}", "config", key, value])
+            if lfs:
+                self._run(["git", f"--git-dir={tmp}", "lfs", "install", "--local"], env={"GIT_DIR": str(tmp)})
+                # info/attributes applies to every tree this repository builds, without a .gitattributes file
+                # in the user's folder.
+                (tmp / "info").mkdir(exist_ok=True)
+                (tmp / "info" / "attributes").write_text(
+                    "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS))
+            (tmp / "description").write_text("CodeParrot checkpoints: one branch per experiment\n")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialize writers (several training runs pushing to one repository) with an flock."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: update-ref's compare-and-swap still refuses lost updates
+            yield
+            return
+        with open(self.git_dir / "codeparrot.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _rev(self, revision: str) -> str | None:
+        out = self._git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}", check=False).strip()
+        return out or None
+
+    def _branch_tip(self, branch: str) -> str | None:
+        return self._rev(f"refs/heads/{branch}")
+
+    def _branch_names(self) -> list[str]:
+        return self._git("for-each-ref", "--format=%(refname:lstrip=2)", "refs/heads").split()
+
+    def _check_not_checked_out(self, branch: str) -> None:
+        if self.bare:
+            return
+        head = self._git("symbolic-ref", "--quiet", "--short", "HEAD", check=False).strip()
+        if head == branch:
+            raise CodeParrotError(f"branch {branch!r} is checked out in the worktree of {self.path}; commit to "
+                                  "another branch or use a bare repository (initialize_model.py creates one)")
+
+    def _commit_tree(self, tree: str, parent: str | None, message: str) -> str:
+        args = ["commit-tree", tree] + (["-p", parent] if parent else []) + ["-F", "-"]
+        return self._git(*args, input=message.encode("utf-8")).strip()
+
+    def _move_branch(self, branch: str, new: str, old: str | None, message: str) -> None:
+        self._git("update-ref", "-m", message.splitlines()[0], f"refs/heads/{branch}", new, old or ZERO_ID)
+
+    # -- the interface ----------------------------------------------------------------------------------
+
+    def resolve_revision(self, revision: str) -> str:
+        validate_revision(revision)
+        commit = self._branch_tip(revision) or self._rev(revision)
+        if commit is None:
+            names = ", ".join(self._branch_names()) or "none yet"
+            raise CodeParrotError(f"revision {revision!r} not found in {self.ref} (branches: {names})")
+        return commit
+
+    def create_branch(self, branch: str, from_revision: str = "main") -> None:
+        validate_branch_name(branch)
+        with self._locked():
+            if self._branch_tip(branch) is not None:
+                return
+            base = self._branch_tip(from_revision) or self._rev(validate_revision(from_revision))
+            if base is None:
+                if from_revision == "main" and not self._branch_names():
+                    return  # empty repository: the branch is born with its first commit
+                self.resolve_revision(from_revision)  # raises the one-line "not found" error
+            self._move_branch(branch, base, None, f"branch: created from {from_revision}")
+
+    def commit_folder(self, folder: str | os.PathLike, branch: str, message: str) -> str:
+        folder = check_commit_folder(folder)
+        validate_branch_name(branch)
+        if not message.strip():
+            raise CodeParrotError("a commit needs a message")
+        self._check_not_checked_out(branch)
+        with self._locked(), tempfile.TemporaryDirectory(prefix="codeparrot-index-") as tmp:
+            parent = old = self._branch_tip(branch)
+            if parent is None and branch != "main":
+                parent = self._branch_tip("main")  # a new experiment branches off the main model
+            # A throwaway index: the folder becomes the whole tree (files absent from it are not carried over).
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            self._git("add", "--all", "--force", "--", ".", env=env, work_tree=folder.resolve())
+            tree = self._git("write-tree", env=env).strip()
+            commit = self._commit_tree(tree, parent, message)
+            self._move_branch(branch, commit, old, message)
+        return commit
+
+    def list_branches(self) -> list[BranchInfo]:
+        fmt = "%(refname:lstrip=2)%00%(objectname)%00%(committerdate:iso-strict)%00%(contents:subject)"
+        branches = []
+        for line in self._git("for-each-ref", f"--format={fmt}", "refs/heads").splitlines():
+            if not line:
+                continue
+            name, commit, date, subject = line.split("\0", 3)
+            step = parse_step(subject)
+            if step is None and subject.strip() != "initial model":
+                step = self.latest_step_message(name)
+            branches.append(BranchInfo(name=name, commit_id=commit, date=date, latest_step=step))
+        return main_then_newest(branches)
+
+    def list_commits(self, branch: str) -> list[CommitInfo]:
+        validate_branch_name(branch)
+        if self._branch_tip(branch) is None:
+            names = ", ".join(self._branch_names()) or "none yet"
+            raise CodeParrotError(f"branch {branch!r} not found in {self.ref} (branches: {names})")
+        out = self._git("log", "--first-parent", "--format=%H%x00%cI%x00%s%x1e", f"refs/heads/{branch}", "--")
+        commits = []
+        for record in out.split("\x1e"):
+            record = record.strip("\n")
+            if record:
+                commit, date, subject = record.split("\0", 2)
+                commits.append(CommitInfo(commit_id=commit, message=subject, date=date, step=parse_step(subject)))
+        return commits
+
+    def checkout_into(self, commit: str, dest: Path) -> None:
+        """Write the files of `commit` into the existing folder `dest` (LFS objects expanded)."""
+        with tempfile.TemporaryDirectory(prefix="codeparrot-index-") as tmp:
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            self._git("read-tree", commit, env=env, work_tree=dest)
+            self._git("checkout-index", "--all", "--force", env=env, work_tree=dest)
+
+    def _write_revision(self, revision: str, folder: Path) -> None:
+        self.checkout_into(self.resolve_revision(revision), folder)
+
+    def promote(self, revision: str) -> str:
+        source = self.resolve_revision(revision)
+        subject = self._git("log", "-1", "--format=%s", source, "--").strip()
+        title, body = promotion_message(revision, source, subject)
+        message = f"{title}\n\n{body}\n"
+        with self._locked():
+            parent = self._branch_tip("main")
+            self._check_not_checked_out("main")
+            tree = self._git("rev-parse", f"{source}^{{tree}}").strip()  # same files, no copying
+            commit = self._commit_tree(tree, parent, message)
+            self._move_branch("main", commit, parent, message)
+        return commit

@@ -1,0 +1,68 @@
+"""Which repository or model folder a reference names: `open_repository` and `resolve_model_dir`.
+
+How a reference is read: `hf://...` is the Hub, `file://...` or anything starting with `/`, `.` or `~` is a
+path, an existing path is a path; otherwise `owner/name` (one slash, Hub-legal characters) is the Hub when
+no directory `owner` exists here, and anything else is a path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from codeparrot.atomic_io import atomic_dir
+from codeparrot.errors import CodeParrotError
+from codeparrot.repository.base import CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.hub import HubRepository, hub_snapshot
+from codeparrot.repository.local import LocalGitRepository, is_git_repository
+
+
+def open_repository(ref: str, create: bool = False) -> CheckpointRepository:
+    """The repository `ref` names; `create=True` creates it when missing (a Hub repo, or a bare git repo).
+
+    A path that exists but is not a git repository, or a missing one without `create`, is a one-line error.
+    """
+    ref = str(ref)
+    if is_hub_ref(ref):
+        return HubRepository(strip_scheme(ref), create=create)
+    return LocalGitRepository(Path(strip_scheme(ref)).expanduser(), create=create)
+
+
+def cache_root() -> Path:
+    """Where local-repository revisions are materialized: `$CODEPARROT_CACHE` or ~/.cache/codeparrot."""
+    root = os.environ.get("CODEPARROT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "codeparrot")
+    return Path(root) / "revisions"
+
+
+def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
+    """A folder `from_pretrained` can load for `ref` at `revision`.
+
+    - a plain folder (config.json/tokenizer files, not a repository): itself (`revision` must be None);
+    - a local git repository: the revision (default `main`) materialized once per commit id in the cache
+      (commit ids name content, so a cached folder never goes stale); a non-bare repository without a
+      revision is used as checked out;
+    - a Hub id: `snapshot_download` (uses the local Hub cache when offline).
+    """
+    ref = str(ref)
+    if is_hub_ref(ref):
+        return hub_snapshot(strip_scheme(ref), revision)
+    path = Path(strip_scheme(ref)).expanduser()
+    if not path.exists():
+        raise CodeParrotError(f"not found: {path} (neither a folder, a local repository nor a Hub id)")
+    if not is_git_repository(path):
+        if not path.is_dir():
+            raise CodeParrotError(f"{path} is not a folder or a repository")
+        if revision is not None:
+            raise CodeParrotError(f"{path} is a plain folder, not a repository: it has no revision {revision!r}")
+        return path
+    if revision is None and (path / ".git").exists():
+        return path  # a git worktree (e.g. a cloned model) without a revision: the files as checked out
+    repo = LocalGitRepository(path)
+    commit = repo.resolve_revision(revision or "main")
+    target = cache_root() / commit
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_dir(target) as tmp:  # a concurrent materialization of the same commit is identical
+            repo.checkout_into(commit, tmp)
+    return target

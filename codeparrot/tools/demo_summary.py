@@ -1,0 +1,141 @@
+"""The summary `make demo` prints at the end: what each stage produced, read back from its output files.
+
+Every figure comes from a file a stage wrote (stats.json, tokenizer_stats.json, metrics.jsonl, the
+validation and HumanEval JSONs), so the summary is exactly as true as the outputs themselves; a stage whose
+file is missing shows "n/a" instead of a guess. The summary is also saved as `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from codeparrot.atomic_io import atomic_write_json
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _last_training_entry(metrics: Path) -> dict:
+    """The last train log line (with tokens/s and MFU) of a `metrics.jsonl`."""
+    last: dict = {}
+    try:
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "tokens_per_s" in entry:
+                last = entry
+    except OSError:
+        pass
+    return last
+
+
+def _model_info(repo: Path) -> dict:
+    """Parameter count of the repository's `main` model, from its config (no weights loaded)."""
+    try:
+        from transformers import AutoConfig
+
+        from codeparrot.repository.model import count_parameters
+        from codeparrot.repository.refs import resolve_model_dir
+
+        config = AutoConfig.from_pretrained(resolve_model_dir(str(repo), "main"))
+        return {"parameters": count_parameters(config)}
+    except Exception:  # a missing or broken stage shows as n/a in the summary
+        return {}
+
+
+def _fmt_pass_at_k(best: Any) -> str:
+    """`{"pass@1": {"value": 0.0, ...}, "pass@100": {"value": None, "reason": ...}}` as one short line."""
+    if not isinstance(best, dict) or not best:
+        return "n/a"
+    parts = []
+    for k, entry in best.items():
+        value = entry.get("value") if isinstance(entry, dict) else entry
+        parts.append(f"{k} {100 * value:.2f}%" if isinstance(value, (int, float)) else f"{k} n/a (too few samples)")
+    return ", ".join(parts)
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return format(value, spec) if spec else str(value)
+
+
+def collect_summary(out: Path, timings: dict[str, float]) -> dict:
+    stats = _load(out / "clean" / "stats.json") or {}
+    tok = _load(out / "tokenizer" / "tokenizer_stats.json") or {}
+    model = _model_info(out / "model-repo")
+    run_dir = out / "runs" / "demo-tiny"
+    train = _last_training_entry(run_dir / "metrics.jsonl")
+    val = _load(out / "validation.json") or {}
+    he = _load(out / "humaneval.json") or {}
+    canon = _load(out / "humaneval_canonical.json") or {}
+    return {
+        "output_dir": str(out),
+        "stage_seconds": {k: round(v, 1) for k, v in timings.items()},
+        "files": {
+            "input_records": stats.get("input_records"),
+            "bad_records": stats.get("bad_records", {}),
+            "exact_duplicates": stats.get("exact_duplicates"),
+            "near_duplicates": stats.get("near_duplicates"),
+            "decontaminated": stats.get("decontaminated"),
+            "filtered": stats.get("filtered", {}),
+            "kept_train": stats.get("kept_train"),
+            "kept_valid": stats.get("kept_valid"),
+        },
+        "tokenizer_bytes_per_token": tok.get("valid_bytes_per_token", tok.get("bytes_per_token")),
+        "parameters": model.get("parameters"),
+        "train_tokens_per_s": train.get("tokens_per_s"),
+        "train_mfu": train.get("mfu"),
+        "val_loss": val.get("loss"),
+        "perplexity": val.get("perplexity"),
+        "humaneval": he.get("best", he.get("pass_at_k")),
+        "humaneval_canonical": canon.get("best", canon.get("pass_at_k")),
+        "tensorboard_logdir": str(run_dir),
+        "plots_dir": str(out / "plots"),
+    }
+
+
+def print_summary(out: Path, timings: dict[str, float]) -> dict:
+    s = collect_summary(out, timings)
+    atomic_write_json(out / "summary.json", s)
+    f = s["files"]
+    removed = {**{f"bad: {k}": v for k, v in (f["bad_records"] or {}).items()},
+               "exact duplicate": f["exact_duplicates"], "near duplicate": f["near_duplicates"],
+               "HumanEval decontamination": f["decontaminated"],
+               **{f"filter: {k}": v for k, v in (f["filtered"] or {}).items()}}
+    lines = ["", "=" * 72, "CodeParrot demo summary", "=" * 72,
+             f"files: {_fmt(f['input_records'])} in, kept {_fmt(f['kept_train'])} train + {_fmt(f['kept_valid'])} valid"]
+    for reason, count in removed.items():
+        if count:
+            lines.append(f"  removed {count:>6}  {reason}")
+    mfu = s["train_mfu"]
+    lines += [
+        f"tokenizer: {_fmt(s['tokenizer_bytes_per_token'], '.2f')} bytes/token on the valid split",
+        f"model: {_fmt(s['parameters'], ',')} parameters",
+        f"training: {_fmt(s['train_tokens_per_s'], ',.0f')} tokens/s, MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}%",
+        f"validation: loss {_fmt(s['val_loss'], '.3f')}, perplexity {_fmt(s['perplexity'], '.1f')}",
+        f"HumanEval (demo model, a few tasks): {_fmt_pass_at_k(s['humaneval'])}",
+        f"HumanEval canonical solutions (scorer check): {_fmt_pass_at_k(s['humaneval_canonical'])}",
+        f"TensorBoard logs: {s['tensorboard_logdir']}",
+        f"plots: {s['plots_dir']}",
+        "stage wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items()),
+        "",
+        "next commands to try:",
+        f"  .venv/bin/tensorboard --logdir {s['tensorboard_logdir']}",
+        f"  .venv/bin/python scripts/checkpoints.py list {out / 'model-repo'}",
+        f"  .venv/bin/python scripts/checkpoints.py log {out / 'model-repo'} --branch demo-tiny",
+        f"  .venv/bin/python scripts/generate.py --model {out / 'model-repo'} --revision demo-tiny --prompt 'def add(a, b):'",
+        f"  .venv/bin/python scripts/highlight.py --model {out / 'model-repo'} --revision demo-tiny FILE.py --output FILE.html",
+        "=" * 72,
+    ]
+    print("\n".join(lines))
+    return s

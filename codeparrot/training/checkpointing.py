@@ -1,0 +1,218 @@
+"""Training checkpoints: atomic `step-N/` folders that are both a loadable model and an exact resume point.
+
+Layout of `<run dir>/checkpoints/step-N/`:
+
+    config.json, model.safetensors,         the model as `save_pretrained` writes it (from_pretrained loads the
+    generation_config.json, tokenizer*.json   folder itself) and its tokenizer: what is pushed to the run branch
+    train_config.yaml                       the resolved TrainConfig of the run
+    training_state/                         Accelerate's `save_state`: optimizer, scheduler, RNG states per
+                                            process (+ the model itself under FSDP/DeepSpeed)
+    training_state/data_rank{R}.pt          process R's DataLoader position (`state_dict()`)
+    trainer_state.json                      step, tokens seen, processes; written LAST
+
+A checkpoint is written into `checkpoints/.step-N.partial` by every process, then renamed by the main process
+once all have finished; `trainer_state.json` marks a complete folder. A kill at any moment therefore leaves
+either the previous checkpoints untouched or a `.partial` folder that is ignored (and removed by the next save),
+never a broken "latest". The model weights are stored once (in the Hugging Face format, not again by Accelerate).
+All processes must see the same filesystem (one node, or a shared volume across nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate.utils import extract_model_from_parallel
+from safetensors.torch import load_file
+
+from codeparrot.atomic_io import atomic_write_json, atomic_write_text
+from codeparrot.errors import CodeParrotError
+
+STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "train_config.yaml"
+TRAINING_STATE = "training_state"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Where the run is: the loop continues at `step` with `tokens_seen` already consumed."""
+
+    step: int
+    tokens_seen: int
+    world_size: int
+    run_name: str
+    saved_at: str = ""
+
+
+def checkpoints_root(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    return checkpoints_root(run_dir) / f"step-{step}"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first, as (step, folder)."""
+    root = checkpoints_root(run_dir)
+    found = []
+    if root.is_dir():
+        for child in root.iterdir():
+            match = _STEP_RE.match(child.name)
+            if match and (child / STATE_FILE).is_file():
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def read_state(path: str | os.PathLike) -> TrainerState:
+    """The `TrainerState` of checkpoint folder `path`; a one-line error when it is not a complete checkpoint."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CodeParrotError(f"resume checkpoint {path} does not exist or is not a folder")
+    state_file = path / STATE_FILE
+    if not state_file.is_file() or not (path / TRAINING_STATE).is_dir():
+        raise CodeParrotError(f"{path} is not a training checkpoint (no {STATE_FILE} and {TRAINING_STATE}/; "
+                              "expected a step-N folder written by scripts/train.py)")
+    try:
+        data = json.loads(state_file.read_text())
+        return TrainerState(**{k: data[k] for k in ("step", "tokens_seen", "world_size", "run_name")},
+                            saved_at=data.get("saved_at", ""))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CodeParrotError(f"{state_file}: unreadable trainer state ({type(err).__name__}: {err})") from None
+
+
+def resolve_resume(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
+    """`None` → start fresh; `"auto"` → the run's latest complete checkpoint (or fresh when there is none);
+    otherwise a checkpoint folder, validated now so a bad path fails before any compute."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = list_checkpoints(run_dir)
+        return found[-1][1] if found else None
+    read_state(resume)
+    return Path(resume)
+
+
+# ---- Accelerate hooks: store the model weights once, in the Hugging Face folder ----
+def _skip_accelerate_weights(models: list, weights: list, output_dir: str) -> None:
+    weights.clear()  # the model is saved with save_pretrained next to training_state/
+
+
+def _load_weights_from_hf_folder(models: list, input_dir: str) -> None:
+    if not models:  # FSDP / DeepSpeed: Accelerate restores its own sharded model files
+        return
+
+    folder = Path(input_dir).parent
+    for model in models:
+        load_hf_weights(extract_model_from_parallel(model), folder)
+    models.clear()
+
+
+def load_hf_weights(model: torch.nn.Module, folder: Path) -> None:
+    """Load `save_pretrained` safetensors (single file or sharded) into `model`, exactly, in place.
+
+    Keys missing from the files must be tied to a loaded parameter (GPT-2's LM head)."""
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise CodeParrotError(f"checkpoint {folder} is missing its weights file {name}")
+        state.update(load_file(str(folder / name)))
+    result = model.load_state_dict(state, strict=False)
+    loaded_ids = {id(p) for n, p in model.named_parameters(remove_duplicate=False) if n in state}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    untied = [k for k in result.missing_keys if k in params and id(params[k]) not in loaded_ids]
+    if untied or result.unexpected_keys:
+        raise CodeParrotError(f"checkpoint {folder} does not match the model: missing {untied[:3]}, "
+                              f"unexpected {result.unexpected_keys[:3]}")
+
+
+def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, state: TrainerState,
+                    data_state: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:
+    """Write `step-{state.step}` atomically (see module docstring); every process must call this.
+
+    Returns the final folder. Older checkpoints beyond the `keep_last` most recent are removed."""
+    final = step_dir(run_dir, state.step)
+    tmp = final.parent / f".{final.name}.partial"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed save
+        (tmp / TRAINING_STATE).mkdir(parents=True)
+    accelerator.wait_for_everyone()
+
+    weights = accelerator.get_state_dict(model)  # a collective under FSDP/DeepSpeed: every process calls it
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        atomic_write_text(tmp / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
+    handle = accelerator.register_save_state_pre_hook(_skip_accelerate_weights)
+    try:
+        accelerator.save_state(str(tmp / TRAINING_STATE))
+    finally:
+        handle.remove()
+    torch.save(data_state, tmp / TRAINING_STATE / f"data_rank{accelerator.process_index}.pt")
+    accelerator.wait_for_everyone()
+
+    if accelerator.is_main_process:
+        state.saved_at = time.strftime("%Y-%m-%dT%H:%M:%S")
+        atomic_write_json(tmp / STATE_FILE, asdict(state))
+        if final.exists():  # re-saving a step (e.g. after resuming from it): swap atomically-enough
+            old = final.parent / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        prune_checkpoints(run_dir, keep_last)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete all but the `keep_last` most recent complete checkpoints; returns the removed folders."""
+    found = list_checkpoints(run_dir)
+    removed = [path for _, path in found[: max(0, len(found) - keep_last)]]
+    for path in removed:
+        # rename first so an interrupted delete never leaves a half-deleted folder that looks complete
+        doomed = path.parent / f".{path.name}.deleting"
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return removed
+
+
+def read_data_position(path: str | os.PathLike, process_index: int) -> dict[str, Any]:
+    """Process `process_index`'s DataLoader position saved in checkpoint `path`."""
+    data_file = Path(path) / TRAINING_STATE / f"data_rank{process_index}.pt"
+    if not data_file.is_file():
+        raise CodeParrotError(f"{path} has no data position for process {process_index} ({data_file.name})")
+    return torch.load(data_file, weights_only=True)
+
+
+def restore_training_state(accelerator, path: str | os.PathLike) -> TrainerState:
+    """Restore model, optimizer, scheduler and RNG states from checkpoint `path`; returns its trainer state.
+
+    Call it last before the loop: anything drawing random numbers afterwards (e.g. starting DataLoader
+    workers, which draws their base seed) would shift the restored RNG stream."""
+    path = Path(path)
+    state = read_state(path)
+    if state.world_size != accelerator.num_processes:
+        raise CodeParrotError(f"{path} was written by {state.world_size} processes; resume it with "
+                              f"{state.world_size}, not {accelerator.num_processes} (each had its own data stream)")
+    handle = accelerator.register_load_state_pre_hook(_load_weights_from_hf_folder)
+    try:
+        accelerator.load_state(str(path / TRAINING_STATE))
+    finally:
+        handle.remove()
+    return state

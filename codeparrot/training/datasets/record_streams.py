@@ -1,0 +1,187 @@
+"""Where training text comes from: two record streams with an exact, cheap cursor (which files a path names and
+how a line is parsed: `codeparrot.data.records`, shared with every other stage).
+
+Every stream serves one *reader* (one rank's one DataLoader worker) out of `n_readers`, so no process ever reads,
+parses or tokenizes records that belong to another:
+- by shard, when there are at least as many files as readers: reader k reads files k, k+n, k+2n, ...;
+- by record, when there are fewer: every reader scans all lines, but parses (and later tokenizes) only records
+  i with i % n_readers == k (i counts the non-blank lines of the epoch's stream, which every reader sees alike).
+
+Why local shards are not read through `datasets` streaming (datasets 5.2 does have `IterableDataset.state_dict()`,
+and `HubRecordStream` below uses it): its JSON resume re-parses the shard from its start up to the saved row; its
+record-level node split (`StepExamplesIterable`) tracks its offset only on the Arrow path and realigns wrongly
+across shards of uneven length; inside a DataLoader worker it re-splits by shard and idles every worker beyond the
+shard count; and its shuffle buffer is documented as lost on resume. Our own cursor is (file position, line):
+resuming decompresses the current shard up to that line (gzip has no random access) but parses and tokenizes
+nothing that was consumed, and the split by record needs no help from the library.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+from datasets import load_dataset
+
+from codeparrot.data.records import BadRecord, iter_record_lines, parse_record_line
+from codeparrot.errors import CodeParrotError
+
+
+def parse_record(raw: bytes, text_column: str, path: str, line: int) -> str:
+    """The text field of one JSON line; `CodeParrotError` naming file:line and the reason when it is not a JSON
+    object with a string `text_column` (`codeparrot.data.records.parse_record_line`)."""
+    try:
+        return parse_record_line(raw, text_column)[1]
+    except BadRecord as err:
+        raise CodeParrotError(f"{path}:{line}: {err}") from None
+
+
+def check_has_records(files: list[str], text_column: str, label: str) -> None:
+    """Fail early (one line naming `label`) when no file holds a record, or the first record lacks the column.
+    Reads only up to the first non-blank line, so it costs nothing on a real corpus."""
+    for path in files:
+        lines = iter_record_lines(path)
+        first = next(lines, None)
+        lines.close()
+        if first is not None:
+            parse_record(first[1], text_column, path, first[0])
+            return
+    raise CodeParrotError(f"no records in {label} ({len(files)} file(s), all empty)")
+
+
+def epoch_file_order(n_files: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """File indices in the order an epoch reads them: a permutation seeded by (seed, epoch) when shuffling, so
+    every reader of every rank computes the same order without talking to the others."""
+    if not shuffle:
+        return list(range(n_files))
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n_files).tolist()
+
+
+class LocalRecordStream:
+    """This reader's texts of one epoch, in order, with the cursor (file position, line, record counter)."""
+
+    def __init__(self, files: list[str], text_column: str, reader_id: int, n_readers: int,
+                 shuffle_files: bool, seed: int):
+        self.files, self.text_column = files, text_column
+        self.reader_id, self.n_readers = reader_id, n_readers
+        self.by_shard = len(files) >= n_readers
+        self.shuffle_files, self.seed = shuffle_files, seed
+        self._lines: Iterator[tuple[int, bytes]] | None = None  # (line number, line) of the open file
+        self.start_epoch(0)
+
+    def start_epoch(self, epoch: int) -> None:
+        order = [self.files[i] for i in epoch_file_order(len(self.files), self.seed, epoch, self.shuffle_files)]
+        self.epoch_files = order[self.reader_id :: self.n_readers] if self.by_shard else order
+        self.file_pos, self.line, self.record = 0, 0, 0
+        self.close()
+
+    def close(self) -> None:
+        if self._lines is not None:
+            self._lines.close()
+            self._lines = None
+
+    def next_text(self) -> str | None:
+        """The next text of this reader's part, or None at the end of the epoch."""
+        while self.file_pos < len(self.epoch_files):
+            path = self.epoch_files[self.file_pos]
+            if self._lines is None:  # resume: the first `line` lines are decompressed, not parsed
+                self._lines = iter_record_lines(path, start_line=self.line)
+            for self.line, raw in self._lines:
+                index, self.record = self.record, self.record + 1
+                if self.by_shard or index % self.n_readers == self.reader_id:
+                    return parse_record(raw, self.text_column, path, self.line)
+            self.close()
+            self.file_pos, self.line = self.file_pos + 1, 0
+        return None
+
+    def state_dict(self) -> dict:
+        return {"file_pos": self.file_pos, "line": self.line, "record": self.record}
+
+    def load_state_dict(self, epoch: int, state: dict) -> None:
+        self.start_epoch(epoch)
+        self.file_pos, self.line, self.record = int(state["file_pos"]), int(state["line"]), int(state["record"])
+
+
+class HubRecordStream:
+    """Texts of a `datasets` streaming dataset (a Hub id, or a builder name such as "json" with `data_files`),
+    split across readers by shard (`IterableDataset.shard`) or by record, with an exact cursor: the library's own
+    `state_dict()` taken at a batch boundary plus the offset inside that batch (resuming re-reads one batch)."""
+
+    def __init__(self, name: str, split: str, data_files: list[str] | None, text_column: str, reader_id: int,
+                 n_readers: int, batch_size: int = 256):
+        self.name, self.split, self.data_files, self.text_column = name, split, data_files, text_column
+        self.reader_id, self.n_readers, self.batch_size = reader_id, n_readers, batch_size
+        self.start_epoch(0)
+
+    def _open(self):
+
+        try:
+            ds = load_dataset(self.name, data_files=self.data_files, split=self.split, streaming=True)
+        except Exception as err:  # the library raises many types (connection, missing split, bad builder...)
+            raise CodeParrotError(f"cannot stream dataset {self.name} split {self.split}: "
+                                  f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        self.by_shard = ds.num_shards >= self.n_readers
+        if self.by_shard and self.n_readers > 1:
+            ds = ds.shard(num_shards=self.n_readers, index=self.reader_id, contiguous=False)
+        return ds
+
+    def start_epoch(self, epoch: int) -> None:
+        # A fresh library object every epoch: one that had a state loaded would resume from it again.
+        self._ds = self._open()
+        self._it = None
+        self._batch: list = []
+        self._pos = 0
+        self._batch_base = 0  # stream index of _batch[0] (for the split by record)
+        self._hf_state_before: dict | None = None  # library state just before _batch was fetched
+
+    def _fetch(self) -> bool:
+        if self._it is None:
+            self._it = iter(self._ds.iter(batch_size=self.batch_size))
+            before = None  # the library has no state before its first batch: "from the start"
+        else:
+            before = self._ds.state_dict()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            return False
+        if self.text_column not in batch:
+            raise CodeParrotError(f"dataset {self.name}: no '{self.text_column}' column "
+                                  f"(columns: {', '.join(sorted(batch))})")
+        self._batch_base += len(self._batch)
+        self._hf_state_before, self._batch, self._pos = before, batch[self.text_column], 0
+        return True
+
+    def next_text(self) -> str | None:
+        while True:
+            while self._pos >= len(self._batch):
+                if not self._fetch():
+                    return None
+            index = self._batch_base + self._pos
+            text = self._batch[self._pos]
+            self._pos += 1
+            if self.by_shard or index % self.n_readers == self.reader_id:
+                if not isinstance(text, str):
+                    raise CodeParrotError(f"dataset {self.name}: record {index} '{self.text_column}' is "
+                                          f"{type(text).__name__}, not a string")
+                return text
+
+    def state_dict(self) -> dict:
+        return {"hf_state": self._hf_state_before, "pos": self._pos, "batch_base": self._batch_base,
+                "started": self._it is not None}
+
+    def load_state_dict(self, epoch: int, state: dict) -> None:
+        self.start_epoch(epoch)
+        if not state["started"]:
+            return
+        if state["hf_state"] is not None:
+            self._ds.load_state_dict(state["hf_state"])
+        self._it = iter(self._ds.iter(batch_size=self.batch_size))
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            batch = {self.text_column: []}
+        self._batch, self._pos, self._batch_base = batch.get(self.text_column, []), state["pos"], state["batch_base"]
+        self._hf_state_before = state["hf_state"]
+
+    def close(self) -> None:
+        self._it = None

@@ -1,0 +1,367 @@
+"""The training loop: `train(cfg)` reads top to bottom as the recipe; helpers that set things up sit below it.
+
+    accelerate launch scripts/train.py --config configs/train/codeparrot-small.yaml [--key value ...]
+
+Distribution and mixed precision come from Accelerate (its config file / launcher flags, or `mixed_precision`).
+Every process reads its own part of the data (the datasets shard by rank and DataLoader worker), so the loader
+is deliberately NOT passed through `accelerator.prepare`. Gradients are synchronized only on the last
+micro-step of each optimizer step (`accelerator.accumulate`), and nothing leaves the device between logging
+steps: the loss is summed on device and reduced once per `log_steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import ProjectConfiguration, parse_flag_from_env, set_seed
+from tqdm.auto import tqdm
+
+from codeparrot.atomic_io import atomic_dir, ensure_writable_dir
+from codeparrot.config import to_dict
+from codeparrot.errors import CodeParrotError
+from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
+from codeparrot.repository.pusher import CheckpointPusher
+from codeparrot.repository.refs import resolve_model_dir
+from codeparrot.tokenizer import load_tokenizer
+from codeparrot.training.checkpointing import (
+    TrainerState,
+    list_checkpoints,
+    read_data_position,
+    read_state,
+    resolve_resume,
+    restore_training_state,
+    save_checkpoint,
+)
+from codeparrot.training.config import TrainConfig
+from codeparrot.training.datasets.loader import build_dataloader, build_dataset
+from codeparrot.training.loss import forward_loss
+from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
+from codeparrot.training.optim import build_optimizer, build_scheduler
+from codeparrot.training.reporting import (
+    MetricsFile,
+    configure_wandb_env,
+    console_line,
+    memory_gib,
+    redact,
+    start_trackers,
+)
+from codeparrot.training.validation import EvalResult, evaluate, fused_head_weight
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    tokens_seen: int
+    final_eval: EvalResult | None = None
+    last_checkpoint: Path | None = None
+    push_errors: list[str] = field(default_factory=list)
+
+
+def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
+          profile_steps: tuple[int, int] | None = None) -> TrainResult | None:
+    """Run (or resume) the training described by `cfg`. `resume`: None, "auto" or a step-N folder.
+
+    Everything that can be wrong with the inputs is checked before the first forward pass."""
+
+    # ---- 1. inputs, checked before any compute ----
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() would read it
+    world, rank, main = state.num_processes, state.process_index, state.is_main_process
+    accum = cfg.accumulation_steps(world)  # one-line error when the budget does not divide
+    run_dir = cfg.run_dir()
+    checkpoint = resolve_resume(resume, run_dir)
+    if checkpoint is not None and read_state(checkpoint).world_size != world:
+        raise CodeParrotError(f"{checkpoint} was written by {read_state(checkpoint).world_size} processes; resume it "
+                              f"with that many, not {world} (each process has its own data position)")
+    with state.local_main_process_first():  # materialize a repository revision once per node
+        tokenizer, model_dir = load_tokenizer_checked(cfg)
+    train_ds, valid_ds = build_datasets(cfg, tokenizer, rank, world)
+    if inspect_batches:
+        if main:
+            print_batches(train_ds, tokenizer, inspect_batches, cfg.batch.micro_batch_size)
+        return None
+
+    if main:
+        ensure_writable_dir(run_dir)
+
+    # ---- 2. accelerator, model, optimizer, schedule ----
+    configure_wandb_env()
+    accelerator = Accelerator(
+        gradient_accumulation_steps=accum, mixed_precision=cfg.mixed_precision,
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
+        step_scheduler_with_optimizer=False,  # we step it once per optimizer step, whatever the process count
+        dynamo_backend="inductor" if cfg.compile else None)
+    device = accelerator.device
+    set_seed(cfg.seed + rank)  # dropout differs per process; data order is seeded inside the datasets
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    model = load_model(cfg, model_dir)
+    optimizer = build_optimizer(model, cfg.optim, device)
+    scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.schedule)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    train_loader = make_loader(cfg, train_ds, cfg.batch.micro_batch_size, device)
+    head = fused_head_weight(accelerator, model) if cfg.fused_loss else None  # None: Hugging Face's loss
+
+    step, tokens_seen = 0, 0
+    tokens_per_step = cfg.tokens_per_step(world)
+    metrics = MetricsFile(run_dir, enabled=main)
+    if checkpoint is not None:  # the next batch is the first one the checkpointed run had not consumed
+        train_loader.load_state_dict(read_data_position(checkpoint, rank))
+    train_iter = iter(train_loader)  # before restoring the RNG: starting loader workers draws a seed from it
+    if checkpoint is not None:
+        trainer_state = restore_training_state(accelerator, checkpoint)
+        step, tokens_seen = trainer_state.step, trainer_state.tokens_seen
+        metrics.truncate_after(step)
+        accelerator.print(f"resumed from {checkpoint}: step {step}, {tokens_seen:,} tokens seen, "
+                          f"lr {scheduler.get_last_lr()[0]:.3e}")
+    elif resume == "auto":
+        accelerator.print(f"--resume auto: no checkpoint in {run_dir / 'checkpoints'} yet, starting from step 0")
+    config_dict = redact(to_dict(cfg))
+    start_trackers(accelerator, cfg.logging.trackers, cfg.logging.project, config_dict, run_dir, cfg.run_name)
+    pusher = make_pusher(cfg) if main else None
+
+    flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
+    compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
+    peak, peak_source = peak_flops(device, compute_dtype)
+    accelerator.print(f"{cfg.budget_summary(world)}\nMFU: {flops_per_token / 1e6:.1f} MFLOP/token (6N + 12LHQT), "
+                      f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} per device ({peak_source})")
+
+    # ---- 3. the loop ----
+    result = TrainResult(run_dir, step, tokens_seen)
+    model.train()
+    loss_sum = torch.zeros((), device=device)  # sum of micro-batch mean losses since the last log line
+    micro_steps, grad_norm = 0, None
+    clock, clock_steps = time.perf_counter(), 0
+    deadline = None if cfg.max_minutes is None else time.perf_counter() + 60 * cfg.max_minutes
+    stop = False  # set at a log step when max_minutes has run out (agreed on by all processes)
+    profiler = None
+    bar = tqdm(total=cfg.max_steps, initial=step, unit="step", dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 30,  # a log file gets an update every 30 s, not 10/s
+               disable=not (main and cfg.logging.progress_bar))
+    while step < cfg.max_steps:
+        if profile_steps and step + 1 == profile_steps[0]:
+            profiler = start_profiler(run_dir, device)
+        for _ in range(accum):
+            batch = next(train_iter).to(device, non_blocking=True)  # [micro_batch, seq_length]
+            with accelerator.accumulate(model):  # no gradient all-reduce except on the last micro-step
+                loss = forward_loss(model, head, batch)  # mean over the B·(T-1) predicted tokens
+                accelerator.backward(loss)  # divides by `accum`: the step's gradient is the token mean
+            loss_sum += loss.detach()
+            micro_steps += 1
+        assert accelerator.sync_gradients, "the last micro-step of an optimizer step must synchronize gradients"
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm or math.inf)
+        lr = scheduler.get_last_lr()[0]  # the rate this step uses (a Python float: no device sync)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
+        bar.update(1)
+        if profiler is not None and step == profile_steps[1]:
+            profiler.stop()
+            profiler = None
+
+        if step % cfg.logging.log_steps == 0 or step == cfg.max_steps:
+            loss_mean = accelerator.reduce(loss_sum / micro_steps, reduction="mean").item()  # one sync per log
+            elapsed = time.perf_counter() - clock
+            tokens_per_s = clock_steps * tokens_per_step / elapsed
+            entry = {"step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr,
+                     "grad_norm": float(grad_norm), "ms_per_step": 1000 * elapsed / clock_steps,
+                     "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops_per_token, peak, world),
+                     "memory_gib": memory_gib(device)}
+            log(accelerator, metrics, entry)
+            if main:
+                bar.write(console_line(entry, cfg.max_steps))
+                bar.set_postfix(loss=f"{loss_mean:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+            loss_sum.zero_()
+            micro_steps = 0
+            clock, clock_steps = time.perf_counter(), 0
+            if deadline is not None:  # every process must stop at the same step: reduce the decision
+                late = torch.tensor([float(time.perf_counter() > deadline)], device=device)
+                stop = bool(accelerator.reduce(late, reduction="sum").item() > 0)
+                if stop and main:
+                    bar.write(f"max_minutes {cfg.max_minutes} reached: stopping at step {step}")
+
+        is_last = step == cfg.max_steps or stop
+        if valid_ds is not None and (is_last or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)):
+            result.final_eval = run_eval(cfg, model, head, valid_ds, accelerator, device)
+            ev = result.final_eval
+            log(accelerator, metrics, {"step": step, "tokens_seen": tokens_seen, "val_loss": ev.loss,
+                                       "perplexity": ev.perplexity, "val_tokens": ev.tokens})
+            if main:
+                bar.write(f"eval step {step}: val_loss {ev.loss:.4f} | perplexity {ev.perplexity:.2f} | "
+                          f"{ev.tokens:,} tokens")
+            clock, clock_steps = time.perf_counter(), 0
+        if is_last or (cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0):
+            result.last_checkpoint = save_checkpoint(
+                accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),
+                train_loader.state_dict(), config_dict, cfg.checkpoint.keep_last)
+            if pusher is not None:
+                pusher.push(result.last_checkpoint, f"step {step}", include=None if
+                            cfg.checkpoint.push_training_state else model_files(result.last_checkpoint))
+            clock, clock_steps = time.perf_counter(), 0
+        if stop:
+            break
+    bar.close()
+
+    # ---- 4. wrap up ----
+    if profiler is not None:
+        profiler.stop()
+    if result.last_checkpoint is None and list_checkpoints(run_dir):
+        result.last_checkpoint = list_checkpoints(run_dir)[-1][1]  # resumed a finished run: nothing to do
+    if result.last_checkpoint is not None and result.last_checkpoint.name == f"step-{step}":
+        save_final_model(accelerator, model, tokenizer, run_dir / "final")
+    if pusher is not None:
+        result.push_errors = pusher.wait()
+        for error in result.push_errors:
+            warnings.warn(error)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    result.step, result.tokens_seen = step, tokens_seen
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Set-up helpers
+# ---------------------------------------------------------------------------------------------------------
+def load_tokenizer_checked(cfg: TrainConfig):
+    """(tokenizer, model folder) with the model/tokenizer/sequence-length consistency checked from config.json,
+    before any weights are loaded."""
+
+
+    if not cfg.model:
+        raise CodeParrotError("model is not set: give the model repository (--model PATH_OR_HUB_ID)")
+    model_dir = resolve_model_dir(cfg.model, cfg.revision)
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise CodeParrotError(f"{cfg.model}@{cfg.revision} holds no model (no config.json)")
+    model_cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    tokenizer = load_tokenizer(cfg.data.tokenizer or str(model_dir))
+    check_model_tokenizer(model_cfg, tokenizer, str(cfg.data.tokenizer or model_dir), seq_length=cfg.data.seq_length)
+    return tokenizer, model_dir
+
+
+def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
+    """(train dataset, validation dataset or None) for this process: its own shard of each."""
+
+    d = cfg.data
+    if not d.train:
+        raise CodeParrotError("data.train is not set: give the training data (pretokenized folder or JSONL shards)")
+    common = dict(rank=rank, world_size=world, seed=cfg.seed, num_of_sequences=d.num_of_sequences,
+                  chars_per_token=d.chars_per_token, text_column=d.text_column)
+    train_ds = build_dataset(d.train, tokenizer, d.seq_length, infinite=True, shuffle=True, split="train",
+                             shuffle_buffer=d.shuffle_buffer, sequence_shuffle_buffer=d.sequence_shuffle_buffer,
+                             **common)
+    valid_ds = None
+    if d.valid:
+        valid_ds = build_dataset(d.valid, tokenizer, d.seq_length, infinite=False, shuffle=False, split="validation",
+                                 **common)
+    return train_ds, valid_ds
+
+
+def make_loader(cfg: TrainConfig, dataset, batch_size: int, device: torch.device):
+
+    return build_dataloader(dataset, batch_size=batch_size, num_workers=cfg.data.num_workers,
+                            pin_memory=device.type == "cuda")
+
+
+def load_model(cfg: TrainConfig, model_dir: Path):
+    """The fp32 master model with the configured attention kernel, loss type and gradient checkpointing."""
+
+    model = load_pretrained_model(str(model_dir), attn_implementation=cfg.attn_implementation, dtype=torch.float32)
+    # A fixed loss type: otherwise transformers resolves it on every forward (a graph break under torch.compile).
+    model.loss_type = model.config.loss_type = "ForCausalLM"
+    if cfg.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}  # the non-reentrant variant works with DDP and torch.compile
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
+def run_eval(cfg: TrainConfig, model, head, valid_ds, accelerator, device) -> EvalResult:
+    """A fresh pass over this process's validation shard. Run inside a forked RNG so that evaluating (its
+    loader workers draw a seed) never changes the training run's random stream: same weights with or without
+    evaluation, and exact resumes whatever eval_steps is."""
+    batch_size = cfg.eval.micro_batch_size or cfg.batch.micro_batch_size
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        loader = make_loader(cfg, valid_ds, batch_size, device)
+        return evaluate(model, loader, accelerator, max_steps=cfg.eval.max_eval_steps,
+                        dummy_shape=(batch_size, cfg.data.seq_length), head_weight=head)
+
+
+def log(accelerator, metrics: MetricsFile, entry: dict) -> None:
+    """One logged dict: metrics.jsonl (main process) and every started tracker."""
+    metrics.append(entry)
+    accelerator.log({k: v for k, v in entry.items() if k != "step" and v is not None}, step=entry["step"])
+
+
+def make_pusher(cfg: TrainConfig):
+    if not cfg.checkpoint.push:
+        return None
+
+    return CheckpointPusher(cfg.model, cfg.run_name)
+
+
+def save_final_model(accelerator, model, tokenizer, folder: Path) -> None:
+    """<run dir>/final: the last weights, config and tokenizer, a stable path that pruning never removes."""
+
+    weights = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed
+    if accelerator.is_main_process:
+        with atomic_dir(folder) as tmp:
+            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+    accelerator.wait_for_everyone()
+
+
+def model_files(folder: Path) -> list[str]:
+    """What a checkpoint push sends without the training state: the top-level files (weights, config,
+    tokenizer, train_config.yaml, trainer_state.json), not training_state/."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file())
+
+
+def start_profiler(run_dir: Path, device: torch.device):
+    """A torch.profiler trace into the run's TensorBoard folder (open with the PyTorch profiler plugin)."""
+    from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profiler = profile(activities=activities, record_shapes=True, profile_memory=True,
+                       on_trace_ready=tensorboard_trace_handler(str(run_dir / "tensorboard" / "profile")))
+    profiler.start()
+    return profiler
+
+
+def print_batches(dataset, tokenizer, n: int, batch_size: int) -> None:
+    """`--inspect-batches N`: the first N batches decoded back to text, file boundaries (EOS) marked."""
+
+    eos_text = tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id)
+    marker = f"\n{'─' * 20} {eos_text} {'─' * 20}\n"
+    loader = build_dataloader(dataset, batch_size=batch_size, num_workers=0)
+    for b, batch in enumerate(loader):
+        if b >= n:
+            break
+        for r, row in enumerate(batch.tolist()):
+            n_eos = sum(1 for t in row if t == tokenizer.eos_token_id)
+            print(f"\n{'=' * 30} batch {b} row {r}: {len(row)} tokens, {n_eos} EOS {'=' * 30}")
+            pieces = [tokenizer.decode(part) for part in _split_on(row, tokenizer.eos_token_id)]
+            print(marker.join(pieces))
+
+
+def _split_on(ids: list[int], sep: int) -> list[list[int]]:
+    parts, current = [], []
+    for t in ids:
+        if t == sep:
+            parts.append(current)
+            current = []
+        else:
+            current.append(t)
+    parts.append(current)
+    return parts

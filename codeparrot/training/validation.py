@@ -1,0 +1,118 @@
+"""Validation loss and perplexity, token-weighted, that never hang a multi-process run.
+
+Every process iterates its own shard of the validation split. Shards of a finite split rarely hold the same
+number of batches, and a process that stops early would leave the others blocked in a collective (DDP's
+forward, the final all-reduce). So at every eval step all processes all-reduce a "has data" flag and keep
+stepping while any of them has data; a process that has run out forwards a fully masked dummy batch (labels
+all -100: no loss, no tokens). Each sequence of the split is therefore counted exactly once, and the loss is
+sum of token losses / number of predicted tokens over all processes, not a mean of per-batch means.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+from accelerate import Accelerator
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
+from codeparrot.repository.refs import resolve_model_dir
+from codeparrot.tokenizer import load_tokenizer
+from codeparrot.training.datasets.loader import build_dataloader, build_dataset
+from codeparrot.training.loss import IGNORE_INDEX, fused_head_weight, token_loss_sum
+
+
+@dataclass
+class EvalResult:
+    loss: float  # mean cross-entropy per predicted token (nats)
+    perplexity: float
+    tokens: int  # predicted tokens counted, over all processes
+    batches: int  # eval steps taken (each process ran this many forwards, real or dummy)
+
+
+@torch.no_grad()
+def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int = -1,
+             dummy_shape: tuple[int, int] | None = None, head_weight: torch.Tensor | None = None) -> EvalResult:
+    """Validation loss of `model` over this process's `batches` (LongTensor [B, T], labels = inputs) and the
+    other processes' ones: `max_steps` eval steps (each process one batch per step), or -1 for all of them.
+
+    `dummy_shape` [B, T] is the masked batch a process forwards after its data ran out (default: the shape of
+    its last real batch; required only when a process may have no data at all). `head_weight`: see
+    `token_loss_sum`."""
+    device = accelerator.device
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.int64, device=device)
+    iterator: Iterator[torch.Tensor] = iter(batches)
+    steps = 0
+    shape = dummy_shape
+    while max_steps < 0 or steps < max_steps:
+        batch = next(iterator, None)
+        has_data = torch.tensor([0 if batch is None else 1], device=device)
+        if accelerator.num_processes > 1:
+            has_data = accelerator.reduce(has_data, reduction="sum")
+        if int(has_data.item()) == 0:  # every process has run out
+            break
+        if batch is not None:
+            shape = tuple(batch.shape)
+            input_ids = batch.to(device, non_blocking=True)
+            labels = input_ids
+        else:
+            if shape is None:
+                raise ValueError("evaluate: a process had no validation data and no dummy_shape was given")
+            input_ids = torch.zeros(shape, dtype=torch.long, device=device)
+            labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long, device=device)
+        batch_loss, batch_count = token_loss_sum(model, input_ids, labels, head_weight)
+        loss_sum += batch_loss.double()
+        count += batch_count
+        steps += 1
+    totals = torch.stack([loss_sum, count.double()])
+    if accelerator.num_processes > 1:
+        totals = accelerator.reduce(totals, reduction="sum")
+    total_loss, total_count = totals.tolist()
+    if was_training:
+        model.train()
+    loss = total_loss / total_count if total_count else float("nan")
+    return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps)
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), inf instead of an overflow."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")
+
+
+def validation_loss(model_ref: str, dataset: str, revision: str | None = None, tokenizer_ref: str | None = None,
+                    seq_length: int | None = None, batch_size: int = 8, max_eval_steps: int = -1,
+                    text_column: str = "content", num_workers: int = 0, mixed_precision: str | None = None) -> dict:
+    """Loss and perplexity of a checkpoint (`model_ref` at `revision`) on `dataset`, on every process Accelerate
+    launched (each takes its own shard). Returns the same summary dict on every process."""
+
+
+    if batch_size <= 0 or (max_eval_steps == 0 or max_eval_steps < -1):
+        raise CodeParrotError(f"batch size must be > 0 and max eval steps -1 or > 0, got {batch_size}, {max_eval_steps}")
+    accelerator = Accelerator(mixed_precision=mixed_precision)
+    with accelerator.local_main_process_first():  # materialize a repository revision once per node
+        model_dir = resolve_model_dir(model_ref, revision)
+        tokenizer = load_tokenizer(tokenizer_ref or str(model_dir))
+    model = load_pretrained_model(str(model_dir), dtype=torch.float32)
+    seq_length = seq_length or model.config.n_positions
+    check_model_tokenizer(model.config, tokenizer, str(tokenizer_ref or model_dir), seq_length=seq_length)
+    data = build_dataset(dataset, tokenizer, seq_length, rank=accelerator.process_index,
+                         world_size=accelerator.num_processes, infinite=False, shuffle=False, text_column=text_column)
+    loader = build_dataloader(data, batch_size=batch_size, num_workers=num_workers,
+                              pin_memory=accelerator.device.type == "cuda")
+    model = accelerator.prepare(model)
+    head = fused_head_weight(accelerator, model)
+    result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length),
+                      head_weight=head)
+    accelerator.end_training()
+    return {"model": model_ref, "revision": revision, "dataset": str(dataset), "seq_length": seq_length,
+            "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
+            "eval_steps": result.batches, "processes": accelerator.num_processes}

@@ -1,0 +1,265 @@
+"""The whole pipeline, through the CLI where exit codes and messages matter and through `preprocess()` otherwise:
+a full run that `datasets` loads back, worker-count and seed determinism, exact and near dedup, every bad input,
+and that a failed or killed run leaves no output folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import signal
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from codeparrot.data.export import export_local
+from codeparrot.data.filters import FilterConfig, TextFilter
+from codeparrot.data.preprocess import PreprocessConfig, preprocess
+from codeparrot.errors import CodeParrotError
+
+STATS_KEYS = {"input_records", "bad_records", "exact_duplicates", "near_duplicates", "filtered", "kept_train",
+              "kept_valid", "bytes_in", "bytes_out", "seconds", "files_per_second"}
+ALL_FILTERS_OFF = FilterConfig(**{f.name: False for f in dataclasses.fields(FilterConfig) if f.type in (bool, "bool")})
+
+
+def _rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for shard in sorted(folder.glob("*.json.gz")) for line in gzip.open(shard)]
+
+
+def _write_jsonl(path: Path, records: list) -> Path:
+    path.write_bytes(b"".join((json.dumps(r).encode() if isinstance(r, dict) else r) + b"\n" for r in records))
+    return path
+
+
+def _run(repo_root: Path, python: str, env: dict, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([python, str(repo_root / "scripts/preprocess.py"), "--no-progress", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A few dozen real stdlib files in the export format, plus 3 whitespace variants (exact duplicates) and 2
+    lightly edited copies (near duplicates) in a second file."""
+    root = tmp_path_factory.mktemp("corpus")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    export_local([stdlib / "json", stdlib / "email", stdlib / "urllib"], root / "raw", progress=False)
+    rows = _rows(root / "raw")
+    extra = []
+    for row in rows[:3]:
+        extra.append({**row, "path": "copy/" + row["path"], "content": row["content"].replace("\n", "\r\n  \n")})
+    forks = 0
+    for row in rows[3:]:  # two files that pass the filters (random drops included), edited a little
+        fork = row["content"] + "\n# patched by a fork\n"
+        if forks < 2 and TextFilter(seed=0).reasons([row["content"], fork]) == [None, None]:
+            extra.append({**row, "path": "fork/" + row["path"], "content": fork})
+            forks += 1
+    (root / "raw" / "zz").mkdir()
+    _write_jsonl(root / "raw" / "zz" / "extra.jsonl", extra)  # read after the export: files sort by path
+    return root / "raw"
+
+
+def test_full_run_prints_stats_and_loads_back_with_datasets(corpus, tmp_path, repo_root, python, scripts_env):
+    out = tmp_path / "clean"
+    result = _run(repo_root, python, scripts_env, "--input", str(corpus), "--output-dir", str(out), "--near-dedup",
+                  "--num-workers", "2", "--valid-fraction", "0.2")
+    assert result.returncode == 0, result.stderr
+    assert "exact duplicates" in result.stdout and "kept: train" in result.stdout and "files/s" in result.stdout
+    stats = json.loads((out / "stats.json").read_text())
+    assert STATS_KEYS <= stats.keys()
+    assert stats["exact_duplicates"] == 3
+    assert stats["near_duplicates"] >= 2
+    removed = (sum(stats["bad_records"].values()) + stats["exact_duplicates"] + sum(stats["filtered"].values())
+               + stats["decontaminated"] + stats["near_duplicates"])
+    assert removed + stats["kept_train"] + stats["kept_valid"] == stats["input_records"]
+    assert stats["kept_valid"] > 0 and 0 < stats["bytes_out"] < stats["bytes_in"]
+
+    clusters = json.loads((out / "duplicate_clusters.json").read_text())
+    assert clusters["num_clusters"] == len(clusters["clusters"]) >= 2
+    for cluster in clusters["clusters"]:
+        assert [m["kept"] for m in cluster] == [True] + [False] * (len(cluster) - 1)
+    forked = [m for c in clusters["clusters"] for m in c if m["path"].startswith("fork/")]
+    assert len(forked) == 2 and not any(m["kept"] for m in forked)  # the originals come first and are kept
+
+    from datasets import load_dataset
+
+    data = load_dataset("json", data_files={"train": str(out / "train/*.json.gz"), "valid": str(out / "valid/*.json.gz")},
+                        cache_dir=str(tmp_path / "hf-cache"))
+    assert data["train"].num_rows == stats["kept_train"] and data["valid"].num_rows == stats["kept_valid"]
+    assert data["train"].column_names == ["repo_name", "path", "copies", "size", "content", "license"]
+    assert not any(p.startswith(("copy/", "fork/")) for p in list(data["train"]["path"]) + list(data["valid"]["path"]))
+
+
+def test_same_output_for_one_and_two_workers(corpus, tmp_path):
+    outputs = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        preprocess(PreprocessConfig([str(corpus)], str(out), num_workers=workers, near_dedup=True, chunk_files=4,
+                                    valid_fraction=0.2, progress=False))
+        outputs.append({p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "stats.json"})
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]) == 3  # train shard, valid shard, duplicate_clusters.json
+
+
+def test_exact_dedup_keeps_the_first_occurrence_whatever_the_worker_count(tmp_path):
+    base = "def area(w, h):\n    return w * h\n"
+    records = [{"id": i, "content": text} for i, text in enumerate(
+        ["print('other')\n", base, base.replace("    ", "\t"), "def area(w,h):\r\n    return w*h\r\n", base, "x=1\n"])]
+    src = _write_jsonl(tmp_path / "in.jsonl", records)
+    for workers in (0, 2):
+        out = tmp_path / f"out{workers}"
+        stats = preprocess(PreprocessConfig([str(src)], str(out), num_workers=workers, chunk_files=1, valid_fraction=0,
+                                            decontaminate=False, filters=ALL_FILTERS_OFF, progress=False))
+        assert [r["id"] for r in _rows(out / "train")] == [0, 1, 5]
+        assert stats["exact_duplicates"] == 3
+
+
+def test_codeparrot_near_dedup_case_keeps_two_of_three(tmp_path, repo_root, python, scripts_env):
+    # "a "*20 and "a "*30 have the same token set {a} (>= 10 tokens): one cluster, the first kept. "b "*7 has 7
+    # tokens (< --min-tokens 10): never clustered. Every filter would drop such files (few assignments, no
+    # keywords, ...) and they differ after whitespace removal, so the filters are switched off to isolate the step.
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"content": "a " * 20}, {"content": "a " * 30}, {"content": "b " * 7}])
+    off = [f"--no-{f.name.replace('_', '-')}" for f in dataclasses.fields(FilterConfig) if f.type in (bool, "bool")]
+    out = tmp_path / "clean"
+    result = _run(repo_root, python, scripts_env, "--input", str(src), "--output-dir", str(out), "--near-dedup",
+                  "--no-decontaminate", "--valid-fraction", "0", "--num-workers", "2", *off)
+    assert result.returncode == 0, result.stderr
+    assert [r["content"] for r in _rows(out / "train")] == ["a " * 20, "b " * 7]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["near_duplicates"] == 1 and stats["near_duplicate_clusters"] == 1
+    assert [m["kept"] for m in json.loads((out / "duplicate_clusters.json").read_text())["clusters"][0]] == [True, False]
+
+
+def test_same_seed_same_output_other_seed_other_random_drops(tmp_path):
+    module = "import os\n\n" + "\n".join(f"def f{i}(x):\n    y = x + {i}\n    return y\n" for i in range(6))
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"content": f"# Unit tests, batch {i}\n" + module} for i in range(60)])
+
+    def kept(seed: int, name: str) -> list[str]:
+        preprocess(PreprocessConfig([str(src)], str(tmp_path / name), num_workers=0, seed=seed, valid_fraction=0,
+                                    decontaminate=False, progress=False))
+        return [r["content"] for r in _rows(tmp_path / name / "train")]
+
+    first = kept(7, "a")
+    assert kept(7, "b") == first
+    assert kept(8, "c") != first
+    assert 5 < len(first) < 35  # config-or-test files are dropped with p = 0.7
+
+
+def _bad_corpus(folder: Path) -> list[str]:
+    good = {"repo_name": "r", "path": "ok.py", "content": "def ok():\n    return 1\n"}
+    _write_jsonl(folder / "a.jsonl", [good, b'{"content": "unterminated', {"path": "no_content.py"},
+                                      {"content": None}, b'{"content": "caf\xe9"}', b'{"content": "nul\x00"}'])
+    (folder / "empty.jsonl").write_bytes(b"")
+    packed = gzip.compress(b"".join(json.dumps({**good, "path": f"g{i}.py"}).encode() + b"\n" for i in range(500)))
+    (folder / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    return ["malformed JSON", "missing text column", "non-string text", "invalid UTF-8", "NUL bytes", "empty file",
+            "truncated gzip"]
+
+
+def test_bad_records_are_counted_reported_and_the_run_goes_on(tmp_path, repo_root, python, scripts_env):
+    (tmp_path / "in").mkdir()
+    reasons = _bad_corpus(tmp_path / "in")
+    out = tmp_path / "clean"
+    result = _run(repo_root, python, scripts_env, "--input", str(tmp_path / "in"), "--output-dir", str(out),
+                  "--num-workers", "1")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert set(stats["bad_records"]) == set(reasons) and all(c == 1 for c in stats["bad_records"].values())
+    assert stats["exact_duplicates"] > 0  # the records before the gzip damage were read
+    assert f"first 'malformed JSON' at {tmp_path / 'in' / 'a.jsonl'}:2" in result.stdout
+
+
+def test_strict_fails_on_the_first_bad_record_and_leaves_no_output(tmp_path, repo_root, python, scripts_env):
+    (tmp_path / "in").mkdir()
+    _bad_corpus(tmp_path / "in")
+    result = _run(repo_root, python, scripts_env, "--input", str(tmp_path / "in"), "--output-dir",
+                  str(tmp_path / "clean"), "--strict", "--num-workers", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'in' / 'a.jsonl'}:2 (Unterminated string "
+                                                  "starting at: column 13): malformed JSON (--strict stops at the "
+                                                  "first bad record)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # neither the output nor its temporary folder
+
+
+@pytest.mark.parametrize("case", ["missing input", "no records", "unwritable output", "foreign output dir"])
+def test_input_and_output_errors_are_one_line(case, tmp_path, repo_root, python, scripts_env):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"content": "x = 1\n"}])
+    out = tmp_path / "clean"
+    if case == "missing input":
+        src, expected = tmp_path / "nope.jsonl", "input not found"
+    elif case == "no records":
+        src.write_bytes(b'{"text": "wrong column"}\n\n'), None
+        expected = "no valid records in 1 input file(s): missing text column: 1"
+    elif case == "unwritable output":
+        out, expected = src / "clean", "not writable"  # a folder inside a regular file cannot be created
+    else:
+        out.mkdir()
+        (out / "notes.md").write_text("mine")
+        expected = "refusing to replace"
+    result = _run(repo_root, python, scripts_env, "--input", str(src), "--output-dir", str(out), "--num-workers", "0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert not list(tmp_path.glob(".clean.tmp-*"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_run_leaves_no_output_folder(sig, tmp_path, repo_root, python, scripts_env):
+    body = "\n".join(f"def handler_{j}(request, value_{j}):\n    result = value_{j} * {j}\n    return result" for j in range(40))
+    _write_jsonl(tmp_path / "in.jsonl", [{"content": f"# module {i}\n" + body.replace("handler", f"h{i}")}
+                                         for i in range(12000)])
+    out = tmp_path / "clean"
+    proc = subprocess.Popen([python, str(repo_root / "scripts/preprocess.py"), "--no-progress", "--input",
+                             str(tmp_path / "in.jsonl"), "--output-dir", str(out), "--near-dedup", "--num-workers", "1"],
+                            env=scripts_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".clean.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # well inside the first pass
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    assert not out.exists()
+    if sig == signal.SIGTERM:  # a catchable signal also removes the temporary folder
+        assert proc.returncode != 0 and not list(tmp_path.glob(".clean.tmp-*"))
+
+
+def test_help_explains_every_flag_and_the_fixes(repo_root, python, scripts_env):
+    result = subprocess.run([python, str(repo_root / "scripts/preprocess.py"), "--help"], env=scripts_env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    flags = ["--input", "--output-dir", "--near-dedup", "--num-workers", "--seed", "--text-column", "--strict",
+             "--valid-fraction", "--samples-per-file", "--tokenizer", "--decontaminate", "--no-decontaminate",
+             "--num-perm", "--jaccard-threshold", "--min-tokens"]
+    flags += ["--" + f.name.replace("_", "-") for f in dataclasses.fields(FilterConfig)]
+    assert [f for f in flags if f not in text] == []
+    assert text.count("FIXED") >= 3  # assignments, config-or-test, keywords
+    assert "`==`" in text and "20 lines" in text
+
+
+def test_config_errors_are_clear(tmp_path):
+    with pytest.raises(CodeParrotError, match="--valid-fraction"):
+        preprocess(PreprocessConfig(["x"], str(tmp_path / "o"), valid_fraction=2.0))
+
+
+def test_tokenizer_enables_the_chars_per_token_filter_in_the_workers(tmp_path, stdlib_texts):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(stdlib_texts[:30], trainers.BpeTrainer(vocab_size=500, show_progress=False,
+                                                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path / "tok")
+    cjk = "\n".join(f"变量{i} = '中文字符测试文本{i}'" for i in range(80)) + "\nfor k in []:\n    pass\n"
+    code = next(t for t in stdlib_texts[30:] if TextFilter(seed=0).reason(t) is None)  # passes the other filters
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"content": code}, {"content": cjk}])
+    stats = preprocess(PreprocessConfig([str(src)], str(tmp_path / "out"), num_workers=1, tokenizer=str(tmp_path / "tok"),
+                                        valid_fraction=0, decontaminate=False, progress=False))
+    assert stats["filtered"]["chars_per_token"] == 1
+    assert [r["content"] for r in _rows(tmp_path / "out" / "train")] == [code]
+    with pytest.raises(CodeParrotError, match="tokenizer not found"):
+        preprocess(PreprocessConfig([str(src)], str(tmp_path / "out2"), tokenizer=str(tmp_path / "missing")))

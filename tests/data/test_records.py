@@ -1,0 +1,126 @@
+"""Reading the BigQuery export: every bad-record reason, --strict, and the shard writer (which files a path
+names: tests/test_data_files.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from codeparrot.data.records import BadRecords, iter_raw_records, iter_records, iter_texts
+from codeparrot.data.shards import ShardWriter
+from codeparrot.errors import CodeParrotError
+
+
+def _record(content, **extra) -> dict:
+    return {"repo_name": "octo/repo", "path": "pkg/mod.py", "copies": "1", "size": "1234", "content": content,
+            "license": "mit", **extra}
+
+
+def _jsonl(path: Path, lines: list[bytes | str | dict], gz: bool = False) -> Path:
+    data = b"".join((json.dumps(x).encode() if isinstance(x, dict) else x.encode() if isinstance(x, str) else x)
+                    + b"\n" for x in lines)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def test_records_stream_with_locations_and_pass_through_fields(tmp_path):
+    plain = _jsonl(tmp_path / "a.jsonl", [b"\xef\xbb\xbf" + json.dumps(_record("x = 1\n")).encode(), "",
+                                          _record("y = 2\n", stars=5)])  # a byte order mark, a blank line
+    packed = _jsonl(tmp_path / "b.json.gz", [_record("z = 3\r\n")], gz=True)
+    bad = BadRecords()
+    got = list(iter_records([plain, packed], bad=bad))
+    assert [r["content"] for r, _ in got] == ["x = 1\n", "y = 2\n", "z = 3\r\n"]
+    assert [str(w) for _, w in got] == [f"{plain}:1", f"{plain}:3", f"{packed}:1"]  # blank line 2 skipped
+    assert got[1][0]["stars"] == 5 and bad.total == 0
+
+
+def test_byte_order_marks_are_dropped_from_every_line(tmp_path):
+    """Files from Windows tools start with a BOM; concatenated ones have it mid-file. The raw line that preprocess
+    copies to its output is clean either way."""
+    rows = [json.dumps(_record(f"v = {i}\n")).encode() for i in range(2)]
+    src = _jsonl(tmp_path / "cat.jsonl", [b"\xef\xbb\xbf" + row for row in rows])
+    bad = BadRecords()
+    assert [line for line, *_ in iter_raw_records([src], bad=bad)] == rows and bad.total == 0
+
+
+def test_every_bad_record_reason_is_counted_with_its_first_location(tmp_path):
+    good = _record("print('ok')\n")
+    lines = [
+        good,
+        '{"content": "def f(:',  # truncated JSON
+        '["content", "a list"]',
+        {"repo_name": "r", "path": "p"},  # no content
+        _record(None), _record(42),
+        b'{"content": "caf\xe9"}',  # Latin-1 byte: invalid UTF-8
+        b'{"content": "a\x00b"}',  # raw NUL byte
+        _record("binary\u0000blob"),  # escaped NUL in the text
+        '{"content": "lone \\ud800 surrogate"}',
+        _record("second malformed follows"),
+        "{not json}",
+    ]
+    src = _jsonl(tmp_path / "mixed.jsonl", lines)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    bad = BadRecords()
+    kept = list(iter_records([src, empty], bad=bad))
+    assert len(kept) == 2
+    assert bad.counts == {"malformed JSON": 2, "not a JSON object": 1, "missing text column": 1, "non-string text": 2,
+                          "invalid UTF-8": 2, "NUL bytes": 2, "empty file": 1}
+    assert bad.first["malformed JSON"].startswith(f"{src}:2 ")
+    assert bad.first["non-string text"].startswith(f"{src}:5 ")
+    assert bad.first["invalid UTF-8"].startswith(f"{src}:7 ")
+    assert bad.first["empty file"].startswith(f"{empty}:")
+    assert any("first at" in line and "mixed.jsonl:2" in line for line in bad.summary_lines())
+
+
+def test_truncated_and_corrupt_gzip_keep_the_records_before_the_damage(tmp_path):
+    data = b"".join(json.dumps(_record(f"v = {i}\n" * 50)).encode() + b"\n" for i in range(200))
+    packed = gzip.compress(data)
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes(packed[: len(packed) // 2])
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(b"this is not gzip at all")
+    bad = BadRecords()
+    kept = list(iter_records([truncated, corrupt], bad=bad))
+    assert 0 < len(kept) < 200
+    assert [r["content"] for r, _ in kept] == [f"v = {i}\n" * 50 for i in range(len(kept))]
+    assert bad.counts == {"truncated gzip": 1, "corrupt gzip": 1}
+
+
+def test_strict_stops_at_the_first_bad_record_naming_file_and_line(tmp_path):
+    src = _jsonl(tmp_path / "a.jsonl", [_record("ok\n"), _record("ok\n"), {"path": "no content"}])
+    with pytest.raises(CodeParrotError, match=r"a\.jsonl:3.*missing text column.*--strict"):
+        list(iter_records([src], strict=True))
+
+
+def test_text_column_is_configurable(tmp_path):
+    src = _jsonl(tmp_path / "a.jsonl", [{"text": "abc"}, {"content": "no text key"}])
+    bad = BadRecords()
+    assert [r["text"] for r, _ in iter_records([src], text_column="text", bad=bad)] == ["abc"]
+    assert bad.counts == {"missing text column": 1}
+    texts_bad = BadRecords()  # the texts alone (what the tokenizer trains on), counted alike
+    assert list(iter_texts([src], text_column="text", bad=texts_bad)) == ["abc"]
+    assert texts_bad.counts == {"missing text column": 1}
+
+
+def test_shard_writer_splits_names_and_is_byte_deterministic(tmp_path):
+    rows = [_record(f"x = {i}\n") for i in range(7)]
+    outs = []
+    for run in ("a", "b"):
+        writer = ShardWriter(tmp_path / run, samples_per_file=3)
+        for row in rows:
+            writer.write_record(row)
+        outs.append(writer.close())
+    names = [p.name for p in outs[0]]
+    assert names == ["file-000000000001.json.gz", "file-000000000002.json.gz", "file-000000000003.json.gz"]
+    assert [p.read_bytes() for p in outs[0]] == [p.read_bytes() for p in outs[1]]  # no name or mtime in headers
+    back = [json.loads(line) for p in outs[0] for line in gzip.open(p)]
+    assert back == rows
+
+
+def test_shard_writer_writes_nothing_for_no_rows(tmp_path):
+    assert ShardWriter(tmp_path / "none").close() == []
+    assert not (tmp_path / "none").exists()

