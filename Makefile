@@ -18,17 +18,19 @@ TORCH_INDEX ?= $(if $(LOCAL_TORCH),,--index-url https://download.pytorch.org/whl
 OLAH_VENV ?= .venv-olah
 DEMO_DIR ?= demo_output
 FRESH ?= 0
+APP_PORT ?= 7860
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test demo bench clean help
+.PHONY: install test demo bench app clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH))"
 	@echo "make demo      run the whole pipeline on the embedded default corpus into $(DEMO_DIR)/ (FRESH=1 redoes every stage)"
 	@echo "make test      run the test suite"
 	@echo "make bench     print the benchmark table (also written to bench/results.md)"
+	@echo "make app       serve the web app on the demo's model repository (after make demo; APP_PORT=$(APP_PORT))"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +49,11 @@ test: $(VENV)/.installed $(OLAH_VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py --output-dir $(DEMO_DIR) $(if $(filter 1,$(FRESH)),--fresh,)
+
+app: $(VENV)/.installed
+	@test -d $(DEMO_DIR)/model-repo || { echo "error: $(DEMO_DIR)/model-repo not found; run make demo first"; exit 2; }
+	$(PY) scripts/app.py --model $(DEMO_DIR)/model-repo --revision demo-tiny --data-dir $(DEMO_DIR)/clean \
+		--runs-dir $(DEMO_DIR)/runs --port $(APP_PORT)
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench.py --output bench/results.md

@@ -12,14 +12,18 @@ learned on the training corpus:
   files with EOS itself.
 
 The result is saved as `tokenizer.json` + `tokenizer_config.json`, which `AutoTokenizer.from_pretrained`
-loads offline.
+loads offline. `train_tokenizer_on_dataset(TokenizerTrainingConfig(...))` is the whole stage (what
+scripts/train_tokenizer.py runs): stream the clean shards, train, measure bytes/token on held-out files, save,
+optionally commit to a checkpoint repository.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -27,8 +31,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.config import REQUIRED, doc
+from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.refs import resolve_model_dir
+from codeparrot.repository.refs import open_repository, resolve_model_dir
 
 EOS_TOKEN = "<|endoftext|>"
 # Written next to the tokenizer files by `save_tokenizer` (bytes/token, training time, corpus size).
@@ -173,3 +179,94 @@ def load_tokenizer(path: str, revision: str | None = None):
     if tokenizer.eos_token_id is None or tokenizer.convert_tokens_to_ids(EOS_TOKEN) != tokenizer.eos_token_id:
         raise CodeParrotError(f"tokenizer in {folder} does not use {EOS_TOKEN} as its EOS token")
     return tokenizer
+
+
+@dataclass
+class TokenizerTrainingConfig:
+    """What `train_tokenizer_on_dataset` trains on and where it saves; scripts/train_tokenizer.py's flags."""
+
+    dataset: list[str] = doc(REQUIRED, "training data: gzip/plain JSONL shards as written by preprocess.py - a "
+                             "folder (e.g. clean/train, or clean with train/ and valid/ inside), a glob, or files",
+                             metavar="PATH_OR_GLOB")
+    output_dir: str = doc(REQUIRED, "folder for the tokenizer (written atomically; an existing tokenizer there is "
+                                    "replaced)")
+    vocab_size: int = doc(32768, "vocabulary size including the 256 byte symbols and <|endoftext|> (default: "
+                                 "32768, CodeParrot's)")
+    n_examples: int = doc(32768, "number of files to train on, taken in order from the start of the dataset "
+                                 "(default: 32768, CodeParrot's)")
+    text_column: str = doc("content", "JSON field holding the file's text")
+    valid_dataset: list[str] | None = doc(None, "files to measure bytes/token on (a preprocess root stands for its "
+                                                "valid/; default: the valid/ split next to the training shards, or "
+                                                "without one the files that follow the training examples in the "
+                                                "stream)", metavar="PATH_OR_GLOB")
+    valid_examples: int = doc(2000, "at most this many validation files are measured")
+    repo: str | None = doc(None, "optionally commit the tokenizer to this checkpoint repository's main branch (a "
+                                 "local path or a Hub id user/name)")
+    progress: bool = doc(True, "no progress bar", flag="--quiet", inverted=True)
+
+    def validate(self) -> None:
+        if self.vocab_size < 257:
+            raise CodeParrotError(f"--vocab-size must be at least 257 (256 bytes + {EOS_TOKEN}), got {self.vocab_size}")
+        if self.n_examples < 1 or self.valid_examples < 1:
+            raise CodeParrotError("--n-examples and --valid-examples must be positive")
+
+
+def _valid_files(cfg: TokenizerTrainingConfig) -> list[Path] | None:
+    if cfg.valid_dataset:
+        return resolve_data_files(cfg.valid_dataset, split="valid")
+    if len(cfg.dataset) == 1:
+        try:  # a preprocess root's valid/ split; a small corpus may have none (then held-out files are used)
+            return split_files_for(cfg.dataset[0], "valid")
+        except CodeParrotError:
+            return None
+    return None
+
+
+def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
+    """Train on the first `n_examples` files of `dataset`, measure bytes/token on held-out files, save into
+    `output_dir` (with `tokenizer_stats.json`, whose contents are returned), commit to `repo` when given.
+    Bad records are counted and skipped; progress goes to stderr, the summary to stdout."""
+    cfg.validate()
+    out = Path(cfg.output_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "tokenizer.json").is_file())):
+        raise CodeParrotError(f"{out} exists and is not a tokenizer folder; refusing to replace it")
+    train_files = resolve_data_files(cfg.dataset, split="train")  # a preprocess root stands for its train/
+    valid_files = _valid_files(cfg)
+    skipped = BadRecords()  # bad records are counted and skipped, not fatal, in a long run
+    stream = iter_texts(train_files, cfg.text_column, skipped)
+    print(f"training a {cfg.vocab_size}-token byte-level BPE on up to {cfg.n_examples} files from "
+          f"{len(train_files)} shard(s)", file=sys.stderr)
+    tokenizer = train_tokenizer(stream, vocab_size=cfg.vocab_size, length=cfg.n_examples, show_progress=cfg.progress)
+    stats = dict(tokenizer.train_stats)
+    if stats["train_examples"] < cfg.n_examples:
+        print(f"note: the dataset has only {stats['train_examples']} usable files (asked for {cfg.n_examples})",
+              file=sys.stderr)
+    if valid_files:
+        valid_texts = list(itertools.islice(iter_texts(valid_files, cfg.text_column, skipped), cfg.valid_examples))
+        valid_source = f"valid split ({len(valid_files)} shard(s))"
+    else:  # the files after the training examples: unseen by the trainer
+        valid_texts = list(itertools.islice(stream, cfg.valid_examples))
+        valid_source = "held-out files after the training examples"
+    # Training is the expensive part: without held-out text the tokenizer is still saved, bytes/token marked
+    # as not measured, rather than thrown away.
+    bpt = bytes_per_token(tokenizer, valid_texts) if valid_texts else None
+    if bpt is None:
+        print("warning: no validation files to measure bytes/token on (no valid/ split and no files beyond "
+              "--n-examples); saving the tokenizer without it (pass --valid-dataset to measure)", file=sys.stderr)
+    stats.update(valid_examples=len(valid_texts), valid_source=valid_source,
+                 valid_bytes_per_token=None if bpt is None else round(bpt, 4), skipped_records=dict(skipped.counts),
+                 text_column=cfg.text_column)
+    if skipped.total:
+        print("skipped records: " + "; ".join(skipped.summary_lines()), file=sys.stderr)
+    save_tokenizer(tokenizer, out, stats)
+    print(f"trained on {stats['train_examples']} files ({stats['train_bytes'] / 1e6:.1f} MB) in "
+          f"{stats['train_seconds']:.1f} s ({stats['train_mb_per_s']:.2f} MB/s); vocab {len(tokenizer)}")
+    if bpt is not None:
+        print(f"bytes/token on {len(valid_texts)} {valid_source}: {bpt:.3f}")
+    print(f"saved to {out}")
+    if cfg.repo:
+        repo = open_repository(cfg.repo, create=True)
+        measured = "" if bpt is None else f", {bpt:.2f} bytes/token"
+        commit = repo.commit_folder(out, "main", f"tokenizer (vocab {len(tokenizer)}{measured})")
+        print(f"committed to {cfg.repo} main: {commit[:12]}")
+    return stats

@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        raise CodeParrotError("nothing to train: give a config, e.g. `scripts/train.py --config configs/train/tiny.yaml "
+                              "--model REPO --data.train DATA` (every key: --help)")
+    args, overrides = build_parser().parse_known_args(argv)
     if args.inspect_batches < 0:
         raise CodeParrotError(f"--inspect-batches must be >= 0, got {args.inspect_batches}")
     profile = parse_profile_steps(args.profile_steps)

@@ -7,7 +7,16 @@ from typing import Literal, Optional
 
 import pytest
 
-from codeparrot.config import describe, doc, load_config, parse_overrides, to_dict
+from codeparrot.config import (
+    REQUIRED,
+    config_parser,
+    describe,
+    doc,
+    load_config,
+    parse_config,
+    parse_overrides,
+    to_dict,
+)
 from codeparrot.errors import CodeParrotError
 
 
@@ -99,3 +108,46 @@ def test_atomic_outputs_have_normal_permissions_and_leave_nothing_on_failure(tmp
             raise RuntimeError("crash mid-write")
     assert not (tmp_path / "broken").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "out"]  # no temp leftovers
+
+
+@dataclass
+class _Nested:
+    level: int = doc(6, "gzip level")
+    strip: bool = doc(True, "keep whitespace", flag="--no-strip", inverted=True)
+
+
+@dataclass
+class _CliConfig:
+    inputs: list[str] = doc(REQUIRED, "input files", flag="--input", extend=True)
+    model: str | None = doc(None, "a model", exclusive="source", required=True)
+    canonical: bool = doc(False, "the canonical answers", exclusive="source")
+    rank_by: Literal["mean", "max"] = doc("mean", "line ranking")
+    decontaminate: bool = doc(True, "drop contaminated files")
+    temperatures: list[float] = doc([0.2], "temperatures", flag="--temperature")
+    nested: _Nested = doc(_Nested, "nested flags", group="nested")
+    internal: int = doc(64, "not a flag", cli=False)
+
+    def validate(self) -> None:
+        if self.nested.level > 9:
+            raise CodeParrotError(f"--level must be 0-9, got {self.nested.level}")
+
+
+def test_flags_generated_from_a_dataclass_round_trip():
+    """Flag names, switches, lists, choices and exclusive groups come from the fields; parsing builds the
+    validated dataclass back (inverted switches, nested fields, untouched non-flag fields)."""
+    cfg = parse_config(_CliConfig, ["--input", "a", "b", "--input", "c", "--canonical", "--no-decontaminate",
+                                    "--temperature", "0.2", "0.8", "--level", "9", "--no-strip", "--rank-by", "max"])
+    assert cfg == _CliConfig(inputs=["a", "b", "c"], canonical=True, rank_by="max", decontaminate=False,
+                             temperatures=[0.2, 0.8], nested=_Nested(level=9, strip=False))
+    assert parse_config(_CliConfig, ["--input", "a", "--model", "m"]).nested == _Nested()
+    parser = config_parser(_CliConfig)
+    actions = {a.dest: a for a in parser._actions}
+    assert actions["input"].required and actions["rank_by"].choices == ["mean", "max"]
+    assert actions["no_strip"].default is False and "internal" not in actions
+    assert "nested" in [g.title for g in parser._action_groups]
+    for bad in (["--input", "a"], ["--input", "a", "--model", "m", "--canonical"], ["--model", "m"],
+                ["--input", "a", "--model", "m", "--rank-by", "median"]):
+        with pytest.raises(SystemExit):  # argparse's usage error: missing/conflicting/invalid flags
+            parse_config(_CliConfig, bad)
+    with pytest.raises(CodeParrotError, match="--level must be 0-9, got 10"):
+        parse_config(_CliConfig, ["--input", "a", "--model", "m", "--level", "10"])

@@ -11,13 +11,12 @@ a hash of (seed, content digest), so a file's fate never depends on worker count
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import inspect
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -296,11 +295,6 @@ class TextFilter:
     def reason(self, text: str, digest: int | None = None) -> str | None:
         """Drop reason of one file, or None when it is kept."""
         return self.reasons([text], None if digest is None else [digest])[0]
-
-
-def filter_config_from_args(args: Any) -> FilterConfig:
-    """A `FilterConfig` from an argparse namespace holding one attribute per field."""
-    return FilterConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FilterConfig)})
 
 
 class TokenCounter:

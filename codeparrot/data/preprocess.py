@@ -36,58 +36,15 @@ from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
 from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
-from codeparrot.data.filters import REASONS, FilterConfig, TextFilter, TokenCounter
+from codeparrot.data.filters import REASONS, TextFilter, TokenCounter
 from codeparrot.data.near_dedup import find_clusters
+from codeparrot.data.preprocess_config import PreprocessConfig, available_cores  # noqa: F401 (re-exported)
 from codeparrot.data.records import FILE_LEVEL_REASONS, BadRecords, iter_raw_records, resolve_data_files
 from codeparrot.data.shards import ShardWriter, ensure_replaceable
 from codeparrot.errors import CodeParrotError
 
 OUTPUT_ENTRIES = ["train", "valid", "stats.json", "duplicate_clusters.json"]
 DECONTAMINATED = "decontaminated:"  # prefix of a worker's reason for a contaminated file
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. a container's share), else the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-@dataclass
-class PreprocessConfig:
-    """Everything `preprocess` needs; the CLI flags of scripts/preprocess.py map one to one."""
-
-    inputs: list[str]
-    output_dir: str
-    text_column: str = "content"
-    strict: bool = False
-    num_workers: int = field(default_factory=lambda: available_cores())  # 0: no pool, all in this process
-    seed: int = 0
-    near_dedup: bool = False
-    num_perm: int = 256
-    jaccard_threshold: float = 0.85
-    min_tokens: int = 10
-    decontaminate: bool = True
-    valid_fraction: float = 0.01
-    samples_per_file: int = 100_000
-    tokenizer: str | None = None
-    compression_level: int = 6
-    chunk_files: int = 64  # a worker task closes at this many files ...
-    chunk_bytes: int = 1 << 20  # ... or this many characters of text
-    progress: bool | None = None  # None: a bar when stderr is a terminal
-    filters: FilterConfig = field(default_factory=FilterConfig)
-
-    def validate(self) -> None:
-        if not 0.0 <= self.valid_fraction <= 1.0:
-            raise CodeParrotError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
-        if self.num_workers < 0:
-            raise CodeParrotError(f"--num-workers must be >= 0, got {self.num_workers}")
-        if not 0.0 < self.jaccard_threshold <= 1.0:
-            raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
-        if self.num_perm < 2 or self.min_tokens < 1:
-            raise CodeParrotError("--num-perm must be >= 2 and --min-tokens >= 1")
-        self.filters.validate()
 
 
 # --- worker side: filters, decontamination and MinHash for a chunk of first occurrences ---------------------
@@ -425,6 +382,32 @@ def _run(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sink,
         _write_clusters(tmp / "duplicate_clusters.json", clusters)
     atomic_write_json(tmp / "stats.json", stats)
     return stats
+
+
+def format_summary(stats: dict[str, Any]) -> str:
+    """The human summary: files kept and removed by reason, then seconds and throughput per stage."""
+    rows = [(f"bad records: {r}", c) for r, c in stats["bad_records"].items()]
+    rows.append(("exact duplicates", stats["exact_duplicates"]))
+    rows += [(f"filtered: {r}", c) for r, c in stats["filtered"].items()]
+    rows.append(("HumanEval decontamination", stats["decontaminated"]))
+    if stats["config"]["near_dedup"]:
+        rows.append((f"near duplicates ({stats['near_duplicate_clusters']} clusters)", stats["near_duplicates"]))
+    rows += [("kept: train", stats["kept_train"]), ("kept: valid", stats["kept_valid"])]
+    total, width = max(stats["input_records"], 1), max(len(name) for name, _ in rows) + 2
+    lines = [f"  {'':<{width}}{'files':>9}  {'share':>6}"]
+    lines += [f"  {name:<{width}}{count:>9,}  {100 * count / total:5.1f}%" for name, count in rows]
+    lines.append(f"  {'input records':<{width}}{stats['input_records']:>9,}  -> "
+                 f"{stats['kept_train'] + stats['kept_valid']:,} kept; {stats['bytes_in'] / 1e6:.1f} MB in, "
+                 f"{stats['bytes_out'] / 1e6:.1f} MB out")
+    lines += [f"  first '{reason}' at {where}" for reason, where in stats["bad_record_examples"].items()]
+    lines.append(f"  {'stage':<14}{'seconds':>9}{'files/s':>10}{'MB/s':>8}")
+    for stage, sec in stats["seconds"].items():
+        fps, mbs = stats["files_per_second"].get(stage), stats["mb_per_second"].get(stage)
+        lines.append(f"  {stage:<14}{sec:>9.2f}{'' if fps is None else f'{fps:,.0f}':>10}"
+                     f"{'' if mbs is None else f'{mbs:.1f}':>8}")
+    lines.append("  (stages in CPU seconds, files/s per core; filters, decontaminate and minhash summed over workers; "
+                 "pass1, pass2, total wall-clock)")
+    return "\n".join(lines)
 
 
 def _write_clusters(path: Path, clusters: dict) -> None:

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -29,33 +29,12 @@ from transformers import StoppingCriteriaList
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.humaneval.config import HumanEvalConfig, SamplingConfig
 from codeparrot.humaneval.problems import check_complete, merge_samples, part_files, read_samples
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
 
 SampleKey = tuple[str, float, int]  # (task_id, temperature, sample_index)
-
-
-@dataclass
-class SamplingConfig:
-    n_samples: int = 200
-    batch_size: int = 10
-    temperatures: list[float] = field(default_factory=lambda: [0.2])
-    top_p: float = 0.95
-    max_new_tokens: int = 256
-    seed: int = 0
-    strip_prompt: bool = True  # CodeParrot's protocol: EOS + prompt.strip()
-
-    def validate(self) -> None:
-        for name in ("n_samples", "batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise CodeParrotError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not self.temperatures or any(t < 0 for t in self.temperatures):
-            raise CodeParrotError(f"--temperature needs values >= 0 (0 = greedy), got {self.temperatures}")
-        if len(set(self.temperatures)) != len(self.temperatures):
-            raise CodeParrotError(f"--temperature lists a value twice: {self.temperatures}")
-        if not 0 < self.top_p <= 1:
-            raise CodeParrotError(f"--top-p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass
@@ -190,14 +169,15 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
 
 
 # --------------------------------------------------------------------------------------- distributed run
-def _meta(options, problems: Sequence[dict], cfg: SamplingConfig, world: int) -> dict:
+def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int) -> dict:
     """What the samples depend on: the distribution (model, top-p, max new tokens, prompt format, stop
     strings, prompts) and the exact draws (seed; n_samples, batch size and process count shape the batches,
     and each batch is seeded from its first row). A resumed run must match all of it, so the finished file
     is the one an uninterrupted run would have written. Temperatures may be added on resume: each has its
     own batches."""
+    cfg = config.sampling
     prompts = hashlib.sha256("\0".join(p["task_id"] + "\0" + p["prompt"] for p in problems).encode()).hexdigest()
-    return {"model": options.model, "revision": options.revision, "seed": cfg.seed, "n_samples": cfg.n_samples,
+    return {"model": config.model, "revision": config.revision, "seed": cfg.seed, "n_samples": cfg.n_samples,
             "batch_size": cfg.batch_size, "num_processes": world, "top_p": cfg.top_p,
             "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt,
             "stop_strings": list(STOP_STRINGS), "prompts_sha256": prompts[:16]}
@@ -206,8 +186,6 @@ def _meta(options, problems: Sequence[dict], cfg: SamplingConfig, world: int) ->
 def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
     """A one-line error when the samples there were made with other settings (or with unknown ones)."""
     if not meta_file.exists():
-        from codeparrot.humaneval.problems import part_files
-
         existing = ([samples_file] if samples_file.exists() else []) + part_files(samples_file)
         if any(path.read_bytes().strip() for path in existing):
             raise CodeParrotError(f"{samples_file} holds samples but no {meta_file.name}, so the settings they "
@@ -226,23 +204,19 @@ def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
                               f"or remove it")
 
 
-def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
+def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samples_file: Path):
     """Sample under Accelerate: each process generates its tasks into its part file, rank 0 merges.
 
     Returns (samples of this run's tasks/temperatures/indices, generation info) on the main process and
     None on the others. Every process ends with `accelerator.end_training()`.
     """
-
-
-    cfg = SamplingConfig(n_samples=options.n_samples, batch_size=options.batch_size,
-                         temperatures=list(options.temperature), top_p=options.top_p,
-                         max_new_tokens=options.max_new_tokens, seed=options.seed, strip_prompt=not options.no_strip)
+    cfg = config.sampling
     cfg.validate()
     samples_file.parent.mkdir(parents=True, exist_ok=True)
     meta_file = samples_file.with_name(samples_file.name + ".meta.json")
     # WORLD_SIZE is what `accelerate launch` sets; checked against the Accelerator below. Every rank checks the
     # same files before any collective: all fail together, none hangs.
-    meta = _meta(options, problems, cfg, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1))
     _check_meta(meta_file, meta, samples_file)
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -256,13 +230,13 @@ def generate_distributed(options, problems: Sequence[dict], samples_file: Path):
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
         done.update(sample_key(r) for r in read_samples(path, duplicates="first") if r.get("temperature") is not None)
     with accelerator.main_process_first():  # rank 0 materializes a repository revision once, then all load it
-        model, tokenizer = load_model_and_tokenizer(options.model, options.revision, device=str(accelerator.device))
+        model, tokenizer = load_model_and_tokenizer(config.model, config.revision, device=str(accelerator.device))
     if accelerator.is_main_process:
         atomic_write_json(meta_file, meta)
     todo = sum(1 for b in plan_batches(problems, cfg, rank, world) for t, i in b.rows
                if (problems[t]["task_id"], float(b.temperature), i) not in done)
     bar = tqdm(total=todo, unit="sample", desc=f"generate (rank {rank}/{world})", dynamic_ncols=True,
-               disable=options.no_progress or not accelerator.is_local_main_process)
+               disable=not config.progress or not accelerator.is_local_main_process)
     counted = {"tokens": 0, "start": time.perf_counter()}
 
     def progress(samples: int, tokens: int) -> None:

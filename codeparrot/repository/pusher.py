@@ -29,8 +29,12 @@ class CheckpointPusher:
     afterwards (checkpoints are written once, into fresh files).
     """
 
-    def __init__(self, repo_ref: str, branch: str, max_retries: int = 3, backoff_s: float = 2.0):
+    def __init__(self, repo_ref: str, branch: str, max_retries: int = 3, backoff_s: float = 2.0,
+                 from_revision: str = "main"):
+        """`from_revision`: where `branch` starts when it does not exist yet (the revision the run started from,
+        so the branch's history shows which model it continues)."""
         self.repo_ref, self.branch = str(repo_ref), validate_branch_name(branch)
+        self.from_revision = str(from_revision)
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.commits: list[str] = []  # commit ids of successful pushes, in order
         self._errors: list[str] = []
@@ -108,7 +112,7 @@ class CheckpointPusher:
             try:
                 if self._repo is None:
                     self._repo = open_repository(self.repo_ref, create=True)
-                self._repo.create_branch(self.branch)
+                self._repo.create_branch(self.branch, self.from_revision)
                 self.commits.append(self._repo.commit_folder_async(staged, self.branch, message).result())
                 return
             except Exception as err:  # noqa: BLE001 - a failed push must never reach the training loop

@@ -1,7 +1,7 @@
 """What runs inside a sandboxed program's process: the audit-hook guard and the checker (stdlib only).
 
 Loaded by `sandbox_server.py` (a `python -I -S` process); `run_program` is called in a freshly forked child
-that already has its limits, namespaces and unprivileged uid (see `codeparrot/sandbox.py` for the layers).
+that already has its limits, namespaces and unprivileged uid (see `codeparrot/sandbox/client.py` for the layers).
 
 The verdict channel. A pass is the line `P <nonce>` on the result pipe; a refusal `D <nonce> <event>`, a
 failure `F <nonce> <exception>`; lines without the nonce are program output. The 32-hex-digit nonce is read
@@ -350,3 +350,50 @@ def _after_program(b, program_ns, helpers, test_code, entry_point):
 
 REPORTER_CODE = _after_program.__code__  # the only code allowed to raise `codeparrot.report`
 FAILER_CODE = _fail.__code__  # the only code allowed to raise `codeparrot.fail`
+
+
+def serve_candidate(job: dict, call_fd: int, reply_fd: int, channel) -> None:
+    """The untrusted half of the isolated check: execute prompt + completion, greet the checker, then
+    answer its calls of the entry point (plain data in, plain data out; see `channel`) until it hangs up.
+
+    Nothing here decides the verdict: the checker, in another process, does. A program that patches this
+    loop, writes its own frames or never answers only breaks its own answers. Failures before the greeting
+    (syntax error, an exception at module level, no entry point) go through the guard's `F` line, so the
+    harness can say why the program ended. Never returns.
+    """
+    import builtins
+
+    b = {"type": type, "str": str, "BaseException": BaseException, "audit": sys.audit, "exit": os._exit}
+    b["audit"]("codeparrot.start")  # this frame may report failure details (see _fail)
+    entry_point = job["entry_point"]
+    namespace = {"__builtins__": builtins, "__name__": "__sandbox__"}
+    try:
+        program = compile(job["prompt"] + job["completion"], "<program>", "exec")
+    except BaseException as err:
+        _fail(b, "", err)
+    try:
+        exec(program, namespace)
+    except BaseException as err:
+        _fail(b, "while running the program: ", err)
+    function = namespace.get(entry_point)
+    if not callable(function):
+        _fail(b, "NameError: the program does not define " + entry_point)
+    send, receive, loads, dumps, encode, decode = (channel.send, channel.receive, channel.loads, channel.dumps,
+                                                   channel.encode, channel.decode)
+    try:
+        send(reply_fd, b'"ready"')
+        while True:
+            frame = receive(call_fd)
+            if frame is None:  # the checker is done
+                os._exit(0)
+            args, kwargs = decode(loads(frame))
+            try:
+                reply = {"ok": encode(function(*args, **kwargs), exact=False)}
+            except BaseException as err:  # the candidate's exception, by name: the checker re-raises it
+                try:
+                    reply = {"raise": [type(err).__name__, str(err)[:400]]}
+                except BaseException:
+                    reply = {"raise": [type(err).__name__, "<unprintable>"]}
+            send(reply_fd, dumps(reply))
+    except BaseException as err:
+        _fail(b, "call channel: ", err)

@@ -58,7 +58,6 @@ import os
 import pwd
 import random
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +71,7 @@ from queue import Empty, Queue
 from typing import Callable, Sequence
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.sandbox.cleanup import remove_tree
 
 SERVER = Path(__file__).with_name("server.py")
 ALLOW_ENV = "CODEPARROT_ALLOW_CODE_EXECUTION"
@@ -105,6 +105,7 @@ class SandboxConfig:
     uid_base: int | None = None  # private uids uid_base + worker index; None: a random unused range
     guard: bool = True  # the audit-hook containment rules (integrity rules are always on)
     allow_root: bool = False  # run programs as root when the private uid is impossible (guard only!)
+    allow_processes: bool = False  # let programs fork/exec (else the seccomp filter refuses every spawn)
 
     def validate(self) -> None:
         if not self.timeout > 0:
@@ -129,6 +130,9 @@ class ExecResult:
     status: str  # one of STATUSES
     detail: str = ""  # exception type and message, the limit hit, or what the sandbox refused
     seconds: float = 0.0
+    # Where the verdict was decided: "isolated" (a trusted checker process, the candidate called over
+    # plain data), or "in-process (why)" (the test ran beside the program: integrity best effort only).
+    checker: str = ""
 
     @property
     def passed(self) -> bool:
@@ -178,7 +182,7 @@ def remove_stale_roots(tmp: str | None = None, min_age_s: float = STALE_AFTER_S)
         except OSError:
             continue
         else:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_tree(str(root))
             removed.append(root)
         finally:
             os.close(fd)
@@ -203,6 +207,12 @@ def describe_layers(layers: dict) -> str:
                      + "workspace")
     if layers.get("hidden_homes"):
         parts.append("home folders hidden (" + ", ".join(layers["hidden_homes"]) + ")")
+    if layers.get("ipc_namespace"):
+        parts.append("IPC namespace per program (SysV/POSIX IPC dies with it)")
+    if layers.get("fresh_proc"):
+        parts.append("own /proc per program (host processes invisible) + per-program tmpfs workspace")
+    if layers.get("program_seccomp"):
+        parts.append("seccomp: no new user namespace" + ("" if layers.get("spawning") else ", no process spawning"))
     if layers.get("seccomp"):
         parts.append("seccomp: no signals/pidfd/ptrace to other processes")
     parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
@@ -329,9 +339,10 @@ class Sandbox:
             try:
                 reply = self._server(slot).request(job, timeout)
                 if reply.get("status") != "error":
-                    return ExecResult(reply["status"], reply.get("detail", ""), float(reply.get("seconds", 0.0)))
+                    return ExecResult(reply["status"], reply.get("detail", ""), float(reply.get("seconds", 0.0)),
+                                      reply.get("checker", ""))
                 last = reply.get("detail", "")
-            except (OSError, EOFError, TimeoutError, RuntimeError, ValueError) as err:
+            except Exception as err:  # noqa: BLE001 - any harness failure is this program's error, not the run's
                 last = f"{type(err).__name__}: {err}"
             server = self._servers[slot]
             if server is not None:
@@ -357,7 +368,9 @@ class Sandbox:
                     return
                 try:
                     result = self._execute(slot, programs[i], timeout)
-                except BaseException as err:  # a harness bug: stop everyone, re-raise in the caller
+                except Exception as err:  # noqa: BLE001 - one program's harness failure: its own "error"
+                    result = ExecResult("error", f"harness: {type(err).__name__}: {err}")
+                except BaseException as err:  # KeyboardInterrupt and the like: stop everyone, re-raise
                     failures.append(err)
                     return
                 results[i] = result
@@ -384,5 +397,5 @@ def _shutdown(servers: list, root: Path, owner_fd: int) -> None:
         if server is not None:
             server.close()
             servers[slot] = None
-    shutil.rmtree(root, ignore_errors=True)
+    remove_tree(str(root))  # iterative: a 2,000-deep chain left behind cannot make this raise
     os.close(owner_fd)

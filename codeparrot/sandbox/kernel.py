@@ -24,6 +24,7 @@ import os
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWIPC, MS_NOEXEC = 0x08000000, 8
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442  # 442 on every arch
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
@@ -110,37 +111,97 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def no_foreign_signals(pid: int) -> None:
-    """Install a seccomp filter (needs PR_SET_NO_NEW_PRIVS): signals only to `pid` itself; no pidfd, ptrace,
-    process_vm_*, and no priority/affinity/limit changes of another process (EPERM). Inherited by children.
+_SPAWN = {"x86_64": {"socket": 41, "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "unshare": 272, "setns": 308,
+                     "execveat": 322},
+          "aarch64": {"socket": 198, "clone": 220, "execve": 221, "unshare": 97, "setns": 268, "execveat": 281}}
+_CLONE3 = 435  # same on every arch; its flags live in memory the filter cannot read: ENOSYS (glibc falls back)
+CLONE_THREAD = 0x00010000
 
-    seccomp_data: nr (u32) at offset 0, arch (u32) at 4, args (u64 each) from 16; the kernel reads a pid_t
+
+def program_filter(pid: int, foreign_signals: bool, spawning: bool) -> None:
+    """Install the program's seccomp filter (needs PR_SET_NO_NEW_PRIVS); inherited by its children.
+
+    Always: no unix-domain socket (socket(AF_UNIX): EPERM), no new user namespace (unshare/clone with CLONE_NEWUSER, setns: EPERM; clone3: ENOSYS so libc
+    falls back to clone, which the filter can read). `foreign_signals`: signals only to `pid` itself; no
+    pidfd, ptrace, process_vm_*, no priority/affinity/limit changes of another process. Unless `spawning`:
+    no new process at all (fork, vfork, clone without CLONE_THREAD, execve, execveat: EPERM), whatever
+    Python or native code asks (posix_spawn, _posixsubprocess, pty, ctypes); threads still work.
+
+    seccomp_data: nr (u32) at offset 0, arch (u32) at 4, args (u64 each) from 16; the kernel reads an int
     argument as the low 32 bits, which is all we compare. Another ABI (x32, i386) gets EPERM for everything.
     """
     machine = os.uname().machine
     if machine not in _SYSCALLS:
         raise OSError(f"seccomp filter: no syscall table for {machine}")
     arch, numbers = _SYSCALLS[machine]
-    numbers = {**numbers, **_SAME_ON_ALL}
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    checks = ([(numbers[n], "deny") for n in _DENY_ALWAYS] + [(numbers[n], "self") for n in _SELF_ONLY]
-              + [(numbers[n], "zero") for n in _SELF_OR_ZERO])
-    # [0..4] arch check, load nr, x32 -> deny; [5..5+C) one jeq per syscall; [5+C] allow; then three tails.
-    deny = 6 + len(checks)
-    tails = {"deny": deny, "self": deny + 1, "zero": deny + 5}
+    numbers = {**numbers, **_SAME_ON_ALL, **_SPAWN[machine]}
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, JMP|JSET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    checks = [(numbers["socket"], "unix"), (numbers["unshare"], "ns"), (numbers["setns"], "deny"), (_CLONE3, "enosys"),
+              (numbers["clone"], "ns" if spawning else "thread")]
+    if not spawning:
+        checks += [(numbers[n], "deny") for n in ("fork", "vfork", "execve", "execveat") if n in numbers]
+    if foreign_signals:
+        checks += ([(numbers[n], "deny") for n in _DENY_ALWAYS] + [(numbers[n], "self") for n in _SELF_ONLY]
+                   + [(numbers[n], "zero") for n in _SELF_OR_ZERO])
     pid32 = pid & 0xFFFFFFFF
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0), (jge, deny - 5, 0, 0x40000000)]
-    for number, kind in checks:  # a jump is relative: next pc = pc + 1 + jt
-        prog.append((jeq, tails[kind] - len(prog) - 1, 0, number))
+    # Tails: each a short block ending in a return; jumps to them are relative (next pc = pc + 1 + offset).
+    blocks = {
+        "deny": [(ret, 0, 0, eperm)],
+        "enosys": [(ret, 0, 0, enosys)],
+        # socket(AF_UNIX): a unix socket on a host path (a container runtime's control socket) is reachable
+        # through a read-only mount and outside any network namespace; socketpair() stays allowed.
+        "unix": [(ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
+        "self": [(ld, 0, 0, 16), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
+        "zero": [(ld, 0, 0, 16), (jeq, 2, 0, 0), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
+        "ns": [(ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
+        "thread": [(ld, 0, 0, 16), (jset, 1, 0, CLONE_NEWUSER), (jset, 1, 0, CLONE_THREAD), (ret, 0, 0, eperm),
+                   (ret, 0, 0, allow)],
+    }
+    head = 5 + len(checks) + 1  # arch check (3), load nr, x32 check, one jeq per syscall, allow
+    where, at = {}, head
+    for name, block in blocks.items():
+        where[name] = at
+        at += len(block)
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0),
+            (jge, where["deny"] - 5, 0, 0x40000000)]
+    for number, kind in checks:
+        prog.append((jeq, where[kind] - len(prog) - 1, 0, number))
     prog.append((ret, 0, 0, allow))
-    prog.append((ret, 0, 0, eperm))  # deny
-    prog += [(ld, 0, 0, 16), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)]  # self: arg0 == pid
-    prog += [(ld, 0, 0, 16), (jeq, 2, 0, 0), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)]  # zero
+    for block in blocks.values():
+        prog += block
+    if len(prog) > 250:
+        raise OSError("seccomp filter: program too long for 8-bit jumps")
     filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
     fprog = _SockFprog(len(prog), filters)
     _ok(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0),
                     ctypes.c_ulong(0)), "seccomp filter")
+
+
+def no_foreign_signals(pid: int) -> None:
+    """The guard-only filter: signals only to `pid`, no new user namespace; spawning allowed."""
+    program_filter(pid, foreign_signals=True, spawning=True)
+
+
+def _program_filter_works() -> bool:
+    """In a throwaway child: with the filter (no spawning), a thread starts, while fork, exec and
+    unshare(CLONE_NEWUSER) fail with EPERM."""
+    def check():
+        import threading
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        program_filter(os.getpid(), foreign_signals=False, spawning=False)
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+        for attempt in (os.fork, lambda: os.execv("/bin/true", ["true"]), lambda: unshare(CLONE_NEWUSER)):
+            try:
+                pid = attempt()
+            except PermissionError:
+                continue
+            if pid == 0:
+                os._exit(0)
+            raise RuntimeError("the filter let a process or namespace through")
+    return probe(check)
 
 
 def _seccomp_works() -> bool:
@@ -155,6 +216,22 @@ def _seccomp_works() -> bool:
         except PermissionError:
             return
         raise RuntimeError("the filter let a signal through")
+    return probe(check)
+
+
+def _fresh_proc_works() -> bool:
+    """Can a program, as pid 1 of a new PID + mount namespace, mount its own /proc (and a tmpfs)?"""
+    def check():
+        unshare(CLONE_NEWPID | CLONE_NEWNS)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                os._exit(0 if os.listdir("/proc/1") else 1)
+            except BaseException:
+                os._exit(1)
+        if os.waitpid(pid, 0)[1] != 0:
+            raise RuntimeError("no fresh /proc")
     return probe(check)
 
 
@@ -227,7 +304,8 @@ def setup(cfg: dict) -> dict:
     """Enter the namespaces the kernel allows; return which layers are active (probed, never assumed)."""
     layers = {"user_namespace": False, "network_namespace": False, "mount_namespace": False,
               "readonly_root": False, "workspace_tmpfs": False, "pid_namespace": False, "uid": None,
-              "hidden_homes": [], "seccomp": False, "guard": bool(cfg["guard"]), "sys_path": list(sys.path),
+              "hidden_homes": [], "seccomp": False, "ipc_namespace": False, "fresh_proc": False,
+              "program_seccomp": False, "spawning": False, "guard": bool(cfg["guard"]), "sys_path": list(sys.path),
               "path_map": [], "notes": []}
     root, ws = os.geteuid() == 0, cfg["workspace"]
     uid = int(cfg["uid"]) if root and cfg.get("uid") is not None else None
@@ -288,6 +366,14 @@ def setup(cfg: dict) -> dict:
         uid = None
     layers["uid"] = uid
     layers["sys_path"] = [p for p in layers["sys_path"] if os.path.isdir(p)]
+    # Always, whatever else is active: no new user namespace, and no process spawning unless allowed.
+    layers["program_seccomp"] = _program_filter_works()
+    layers["spawning"] = bool(cfg.get("allow_processes"))
+    if not layers["program_seccomp"]:
+        layers["notes"].append("no seccomp filter for programs: user namespaces and spawning not refused by the kernel")
+    if layers["pid_namespace"]:
+        layers["ipc_namespace"] = probe(lambda: unshare(CLONE_NEWPID | CLONE_NEWIPC))
+        layers["fresh_proc"] = layers["readonly_root"] and _fresh_proc_works()
     # Without a PID namespace and a private uid the program could signal or ptrace our processes.
     if not layers["pid_namespace"] and uid is None:
         layers["seccomp"] = _seccomp_works()

@@ -37,15 +37,24 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import child  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+import channel  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+import checker  # noqa: E402
+import child  # noqa: E402
+from cleanup import remove_tree  # noqa: E402
 from kernel import (  # noqa: E402
+    CLONE_NEWIPC,
+    CLONE_NEWNS,
     CLONE_NEWPID,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
     PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
     drop_capabilities,
-    no_foreign_signals,
+    mount,
+    program_filter,
     prctl,
     probe,
     refusal,
@@ -64,7 +73,7 @@ UNAUDITED = {"os": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_set
 
 
 # ------------------------------------------------------------------------------------------------ per job
-def _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused) -> None:
+def _watchdog(cfg, layers, job, fds, pid_w, unused) -> None:
     """Child of the server: start the program in a new PID namespace, report its pid, wait, exit with its
     status (exit code 0..127, or 128 + signal). Never returns."""
     try:
@@ -72,13 +81,14 @@ def _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused) -> None:
             os.close(fd)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server dies -> we die -> the program dies
         os.setsid()
-        if layers["pid_namespace"]:
-            unshare(CLONE_NEWPID)
+        if layers["pid_namespace"]:  # + its own SysV/POSIX IPC and mounts: both die with the program
+            unshare(CLONE_NEWPID | (CLONE_NEWIPC if layers["ipc_namespace"] else 0)
+                    | (CLONE_NEWNS if layers["fresh_proc"] else 0))
         pid = os.fork()
         if pid == 0:
-            _program(cfg, layers, job, nonce_r, res_w, err_w)
-        os.close(nonce_r)
-        os.close(res_w)
+            _program(cfg, layers, job, fds)
+        for fd in fds:
+            os.close(fd)
         os.write(pid_w, str(pid).encode())
         os.close(pid_w)
         status = os.waitpid(pid, 0)[1]
@@ -87,27 +97,32 @@ def _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused) -> None:
         os._exit(min(os.WEXITSTATUS(status), 127))
     except BaseException as err:
         try:
-            os.write(err_w, f"E watchdog: {err}\n".encode())
+            os.write(fds[2], f"E watchdog: {err}\n".encode())
         finally:
             os._exit(WATCHDOG_ERROR)
 
 
-def _program(cfg, layers, job, nonce_r, res_w, err_w) -> None:
-    """The program's process: workspace, limits, privileges, guard, then run it. Never returns."""
-    err_fd = err_w
+def _program(cfg, layers, job, fds) -> None:
+    """The program's process: workspace, limits, privileges, guard, then run it. Never returns.
+    `fds`: result pipe, nonce, sandbox errors, and (isolated check only) the call and reply pipes; they
+    become fds 3, 4, 5, 6, 7."""
+    err_fd = fds[2]
     try:
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (res_w, nonce_r, err_w)]
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]
         err_fd = high[2]
         devnull = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        for target, fd in zip((3, 4, 5), high):  # result pipe, nonce, sandbox errors
+        for target, fd in enumerate(high, start=3):
             os.dup2(fd, target)
         err_fd = 5
-        os.closerange(6, max(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+        os.closerange(3 + len(fds), max(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
         os.setsid()
         workdir = os.path.join(cfg["workspace"], f"job-{job['_n']}")
         os.mkdir(workdir, 0o700)
+        if layers["fresh_proc"]:  # our own /proc (no host process visible) and a workspace that dies with us
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['workspace_mb'])}m,mode=0700")
         uid = layers["uid"]
         if uid is not None:
             os.chown(workdir, uid, uid)
@@ -130,8 +145,10 @@ def _program(cfg, layers, job, nonce_r, res_w, err_w) -> None:
             drop_capabilities()
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
-        if layers["seccomp"]:  # no PID namespace, our uid: the kernel refuses signals to other processes
-            no_foreign_signals(os.getpid())
+        if layers["seccomp"] or layers["program_seccomp"]:
+            # Always: no new user namespace, no spawning unless allowed; without a PID namespace and a
+            # private uid also no signals/ptrace to other processes.
+            program_filter(os.getpid(), foreign_signals=layers["seccomp"], spawning=layers["spawning"])
         if cfg["guard"]:
             for module_name, names in UNAUDITED.items():
                 module = sys.modules.get(module_name)
@@ -142,7 +159,7 @@ def _program(cfg, layers, job, nonce_r, res_w, err_w) -> None:
         os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
         sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
         sys.modules["__main__"] = type(sys)("__main__")
-        for name in ("child", "kernel"):  # our code: not for the program to import
+        for name in ("child", "kernel", "checker", "channel", "cleanup"):  # our code: not for the program
             sys.modules.pop(name, None)
         sys.path[:] = layers["sys_path"]
         sys.path_importer_cache.clear()
@@ -155,6 +172,8 @@ def _program(cfg, layers, job, nonce_r, res_w, err_w) -> None:
             os.write(err_fd, f"E program setup: {type(err).__name__}: {err}\n".encode())
         finally:
             os._exit(SETUP_ERROR)
+    if len(fds) == 5:
+        child.serve_candidate(job, 6, 7, channel)
     child.run_program(job, 3)
 
 
@@ -170,25 +189,6 @@ def _remap_packages(path_map: list) -> None:
                     if path == source or path.startswith(source + "/"):
                         paths[i] = target + path[len(source):]
                         break
-
-
-def _rmtree(path: str) -> None:
-    """Remove the job's folder (we are root or own it; errors are ignored: the tmpfs dies with us)."""
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 def _reap_orphans() -> None:
@@ -242,7 +242,7 @@ _SIGNAL_DETAIL = {signal.SIGXCPU: "CPU time limit (SIGXCPU)", signal.SIGXFSZ: "f
 
 
 def classify(data: bytes, errors: bytes, nonce: bytes, code: int, timed_out: bool,
-             timeout: float) -> tuple[str, str]:
+             timeout: float, accept_pass: bool = True) -> tuple[str, str]:
     """(status, detail) from the result pipe, the error pipe and the watchdog's exit code.
 
     Only lines carrying the nonce come from the guard (`P <nonce>` a pass, `D <nonce> <event>` a refusal,
@@ -254,7 +254,7 @@ def classify(data: bytes, errors: bytes, nonce: bytes, code: int, timed_out: boo
     if code == WATCHDOG_ERROR:  # a program's exit code reaches us as 0..127 (or 128 + signal)
         return "error", "watchdog failed"
     lines = data.split(b"\n")
-    if b"P " + nonce in lines:
+    if accept_pass and b"P " + nonce in lines:  # in-process mode only: the guard's pass line
         return "passed", ""
     if timed_out:
         return "timed out", f"wall-clock limit of {timeout:g}s"
@@ -275,18 +275,69 @@ def classify(data: bytes, errors: bytes, nonce: bytes, code: int, timed_out: boo
     return "failed", f"exited with code {code} before the check finished"
 
 
+def _checker(cfg: dict, job: dict, call_w: int, reply_r: int, verdict_w: int, unused) -> None:
+    """Child of the server: the trusted checker (see checker.py), with limits. Never returns."""
+    try:
+        for fd in unused:
+            os.close(fd)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(PR_SET_DUMPABLE, 0)  # not ptrace-able nor /proc/<pid>/mem-readable by a same-uid program
+        os.setsid()
+        devnull = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):  # fd 1 is the server's protocol pipe: a test's print() must not land there
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        limit = int(cfg["memory_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cpu = int(-(-float(job["timeout"]) // 1)) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    except BaseException as err:
+        try:
+            os.write(verdict_w, f"E checker setup: {err}".encode())
+        finally:
+            os._exit(WATCHDOG_ERROR)
+    checker.run(job, call_w, reply_r, verdict_w)
+
+
+def _wait_pidfd(pidfd: int, deadline: float) -> bool:
+    """Did the process behind `pidfd` end before `deadline` (monotonic seconds)?"""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
+
+
 def run_job(cfg: dict, layers: dict, job: dict) -> dict:
+    """Run one program. With an entry point the check is isolated: the trusted checker (its own process)
+    runs the test and calls the candidate over plain-data pipes; the program's process only answers calls.
+    Without one (the test is the program), or when the test passes arguments that are not plain data,
+    today's in-process check runs and the result says so (`checker`)."""
     start = time.monotonic()
     timeout = float(job["timeout"])
+    isolated = bool(job.get("entry_point")) and job.get("_mode") != "in-process"
     nonce_r, nonce_w = os.pipe()
     res_r, res_w = os.pipe()
     err_r, err_w = os.pipe()
     pid_r, pid_w = os.pipe()
+    program_fds, ours = [res_w, nonce_r, err_w], [nonce_w, res_r, err_r, pid_r]
+    if isolated:
+        call_r, call_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        verdict_r, verdict_w = os.pipe()
+        program_fds += [call_r, reply_w]
     watchdog = os.fork()
     if watchdog == 0:
-        _watchdog(cfg, layers, job, nonce_r, res_w, err_w, pid_w, unused=(nonce_w, res_r, err_r, pid_r, 0, 1))
-    for fd in (nonce_r, res_w, err_w, pid_w):
+        unused = ours + ([call_w, reply_r, verdict_r, verdict_w] if isolated else []) + [0, 1]
+        _watchdog(cfg, layers, job, program_fds, pid_w, unused=unused)
+    for fd in program_fds[:3] + [pid_w]:
         os.close(fd)
+    check_pid = None
+    if isolated:
+        check_pid = os.fork()
+        if check_pid == 0:
+            _checker(cfg, job, call_w, reply_r, verdict_w,
+                     unused=ours + [call_r, reply_w, verdict_r])
+        for fd in (call_r, reply_w, call_w, reply_r, verdict_w):
+            os.close(fd)
     nonce = os.urandom(16).hex().encode()  # made after the fork: no copy of it in the program's memory
     try:
         os.write(nonce_w, nonce)
@@ -296,16 +347,33 @@ def run_job(cfg: dict, layers: dict, job: dict) -> dict:
     pidfd = os.pidfd_open(watchdog)
     program = int(os.read(pid_r, 32) or 0)
     os.close(pid_r)
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    timed_out = not poller.poll(max(0.0, start + timeout - time.monotonic()) * 1000)
+    deadline = start + timeout
+    verdict = ("", "")
+    if isolated:
+        check_fd = os.pidfd_open(check_pid)
+        checked = _wait_pidfd(check_fd, deadline)
+        if not checked:
+            _kill(check_pid)
+        os.waitpid(check_pid, 0)
+        os.close(check_fd)
+        text = _drain(verdict_r).decode("utf-8", "replace")
+        os.close(verdict_r)
+        if checked and text[:1] in ("P", "F", "N", "E"):  # the answer is in: the program is not needed
+            verdict = (text[:1], text[2:])
+            if program:
+                _kill(program)
+                _kill(program, group=True)
+        elif checked:
+            verdict = ("X", text[2:])
+    timed_out = not _wait_pidfd(pidfd, deadline if verdict[0] in ("", "X") else time.monotonic() + 10)
     if timed_out:
         if program:
             _kill(program)  # init of its PID namespace: the kernel kills all it started
             _kill(program, group=True)
         # The watchdog's wait returns once the namespace is torn down: wait for it (bounded).
-        if not program or not poller.poll(10_000):
+        if not program or not _wait_pidfd(pidfd, time.monotonic() + 10):
             _kill(watchdog)
+        timed_out = verdict[0] in ("", "X")
     status = os.waitpid(watchdog, 0)[1]
     os.close(pidfd)
     if program and not layers["pid_namespace"]:
@@ -316,10 +384,27 @@ def run_job(cfg: dict, layers: dict, job: dict) -> dict:
     os.close(res_r)
     os.close(err_r)
     code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    state, detail = classify(data, errors, nonce, code, timed_out, timeout)
-    _rmtree(os.path.join(cfg["workspace"], f"job-{job['_n']}"))
+    remove_tree(os.path.join(cfg["workspace"], f"job-{job['_n']}"))
     _reap_orphans()
-    return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4)}
+    mode = job.get("_mode_detail", "in-process" + ("" if job.get("entry_point") else " (the test is the program)"))
+    if errors.strip():
+        state, detail = classify(data, errors, nonce, code, timed_out, timeout)
+    elif verdict[0] == "P":
+        state, detail = "passed", ""
+    elif verdict[0] == "F" and verdict[1].startswith("MemoryError"):  # the candidate hit RLIMIT_AS
+        state, detail = "killed", "memory limit (MemoryError)"
+    elif verdict[0] == "F":
+        state, detail = "failed", verdict[1]
+    elif verdict[0] == "E":
+        state, detail = "error", verdict[1]
+    elif verdict[0] == "N":  # the test needs the candidate in its own process: today's mode, marked
+        return run_job(cfg, layers, {**job, "_mode": "in-process", "_mode_detail": f"in-process ({verdict[1]})"})
+    else:
+        state, detail = classify(data, errors, nonce, code, timed_out, timeout, accept_pass=not isolated)
+        if isolated and state == "failed" and detail.startswith("exited with code") and verdict[1]:
+            detail = verdict[1]
+    return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4),
+            "checker": "isolated" if isolated else mode}
 
 
 def _send(obj: dict) -> None:
@@ -331,20 +416,8 @@ def _send(obj: dict) -> None:
 
 
 def _receive():
-    """The next frame from stdin, or None at end of input."""
-    def exactly(n):
-        chunks, got = [], 0
-        while got < n:
-            chunk = os.read(0, min(n - got, 1 << 20))
-            if not chunk:
-                return None
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-    head = exactly(8)
-    if head is None:
-        return None
-    body = exactly(int.from_bytes(head, "little"))
+    """The next frame from stdin (the trusted harness: no size limit), or None at end of input."""
+    body = channel.receive(0, limit=1 << 62)
     return None if body is None else marshal.loads(body)
 
 

@@ -8,10 +8,13 @@ Layout of `<run dir>/checkpoints/step-N/`:
     training_state/                         Accelerate's `save_state`: optimizer, scheduler, RNG states per
                                             process (+ the model itself under FSDP/DeepSpeed)
     training_state/data_rank{R}.pt          process R's DataLoader position (`state_dict()`)
-    trainer_state.json                      step, tokens seen, processes; written LAST
+    trainer_state.json                      step, tokens seen, processes
+    manifest.json                           size (and sha256, for files up to 256 MiB) of every other file;
+                                            written LAST, after everything it describes
 
 A checkpoint is written into `checkpoints/.step-N.partial` by every process, then renamed by the main process
-once all have finished; `trainer_state.json` marks a complete folder. A kill at any moment therefore leaves
+once all have finished; `trainer_state.json` marks a complete folder and `manifest.json` lets a resume verify it
+(`verify_checkpoint`: every file the resume needs, the sizes and hashes, a readable safetensors header). A kill at any moment therefore leaves
 either the previous checkpoints untouched or a `.partial` folder that is ignored (and removed by the next save),
 never a broken "latest". The model weights are stored once (in the Hugging Face format, not again by Accelerate).
 All processes must see the same filesystem (one node, or a shared volume across nodes).
@@ -19,10 +22,12 @@ All processes must see the same filesystem (one node, or a shared volume across 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +42,8 @@ from codeparrot.atomic_io import atomic_write_json, atomic_write_text
 from codeparrot.errors import CodeParrotError
 
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+HASH_LIMIT = 256 * 2**20  # bytes: larger files (big weights, optimizer moments) are checked by size and header only
 CONFIG_FILE = "train_config.yaml"
 TRAINING_STATE = "training_state"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -90,16 +97,127 @@ def read_state(path: str | os.PathLike) -> TrainerState:
         raise CodeParrotError(f"{state_file}: unreadable trainer state ({type(err).__name__}: {err})") from None
 
 
-def resolve_resume(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
-    """`None` → start fresh; `"auto"` → the run's latest complete checkpoint (or fresh when there is none);
-    otherwise a checkpoint folder, validated now so a bad path fails before any compute."""
+def resolve_resume(resume: str | None, run_dir: str | os.PathLike, report=print) -> Path | None:
+    """`None` → start fresh; `"auto"` → the run's latest checkpoint that verifies (fresh when there is none);
+    otherwise a checkpoint folder. Every candidate is verified now (`verify_checkpoint`), so a damaged one
+    fails, or is skipped with a warning passed to `report`, before any compute."""
     if resume is None:
         return None
     if resume == "auto":
         found = list_checkpoints(run_dir)
-        return found[-1][1] if found else None
+        damaged = []
+        for _, path in reversed(found):
+            problems = verify_checkpoint(path)
+            if not problems:
+                if damaged:
+                    report(f"warning: --resume auto: skipped {'; '.join(damaged)}; resuming from {path.name}")
+                return path
+            damaged.append(f"{path.name} ({problems[0]}{f' and {len(problems) - 1} more' if len(problems) > 1 else ''})")
+        if damaged:
+            raise CodeParrotError(f"--resume auto: no usable checkpoint in {checkpoints_root(run_dir)}: "
+                                  f"{'; '.join(damaged)}")
+        return None
     read_state(resume)
+    problems = verify_checkpoint(resume)
+    if problems:
+        raise CodeParrotError(f"cannot resume from {resume}: {'; '.join(problems[:3])}"
+                              f"{f' (and {len(problems) - 3} more)' if len(problems) > 3 else ''}")
     return Path(resume)
+
+
+# ---- verification: a manifest written last, checked before any resume ----
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """`manifest.json`: {relative path: {"size": bytes, "sha256": hex or null above HASH_LIMIT}} for every file."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE):
+        size = path.stat().st_size
+        files[path.relative_to(folder).as_posix()] = {"size": size,
+                                                      "sha256": _sha256(path) if size <= HASH_LIMIT else None}
+    atomic_write_json(folder / MANIFEST_FILE, {"files": files})
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a complete safetensors file (unreadable header, truncated data), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            (header_len,) = struct.unpack("<Q", head)
+            if header_len > size - 8:
+                return f"{path.name} is truncated (header of {header_len} bytes, file of {size})"
+            header = json.loads(f.read(header_len))
+    except (OSError, ValueError) as err:
+        return f"{path.name} has an unreadable header ({type(err).__name__})"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end != size:
+        return f"{path.name} is truncated ({size} bytes, its header describes {8 + header_len + end})"
+    return None
+
+
+def verify_checkpoint(path: str | os.PathLike) -> list[str]:
+    """Everything wrong with checkpoint `path` as a resume point (empty when it is complete): a missing
+    trainer state, weights, optimizer, scheduler, RNG state or data position of any process, a weights file
+    whose safetensors header is unreadable or which is shorter than it says, and any file whose size or
+    hash differs from `manifest.json` (checkpoints written before manifests existed skip that last check)."""
+    path = Path(path)
+    try:
+        state = read_state(path)
+    except CodeParrotError as err:
+        return [str(err)]
+    problems = []
+    manifest_file = path / MANIFEST_FILE
+    manifest: dict = {}
+    if manifest_file.is_file():
+        try:
+            manifest = json.loads(manifest_file.read_text())["files"]
+        except (ValueError, KeyError, TypeError):
+            problems.append(f"{MANIFEST_FILE} is unreadable")
+    ts = f"{TRAINING_STATE}/"
+    listed = set(manifest)
+    sharded_model = any(name.startswith(ts + "pytorch_model") or name.startswith(ts + "model") for name in listed)
+    required = [f"{ts}data_rank{r}.pt" for r in range(state.world_size)]
+    required += [f"{ts}random_states_{r}.pkl" for r in range(state.world_size)]
+    if not any(name.startswith(ts + "optimizer") for name in listed):
+        required.append(f"{ts}optimizer.bin")
+    if not any(name.startswith(ts + "scheduler") for name in listed):
+        required.append(f"{ts}scheduler.bin")
+    index = path / "model.safetensors.index.json"
+    weights = ["model.safetensors"]
+    if index.is_file():
+        try:
+            weights = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError):
+            problems.append(f"{index.name} is unreadable")
+    if not sharded_model:
+        required += weights
+    for name in ["config.json", *required]:
+        if not (path / name).is_file():
+            problems.append(f"{name} is missing")
+    for name in weights:
+        if (path / name).is_file():
+            problem = safetensors_problem(path / name)
+            if problem:
+                problems.append(problem)
+    for name, entry in manifest.items():
+        file = path / name
+        if not file.is_file():
+            if f"{name} is missing" not in problems:
+                problems.append(f"{name} is missing")
+        elif file.stat().st_size != entry.get("size"):
+            problems.append(f"{name} has {file.stat().st_size} bytes, the manifest says {entry.get('size')}")
+        elif entry.get("sha256") and _sha256(file) != entry["sha256"]:
+            problems.append(f"{name} does not match its sha256 in the manifest")
+    return list(dict.fromkeys(problems))
 
 
 # ---- Accelerate hooks: store the model weights once, in the Hugging Face folder ----
@@ -167,6 +285,7 @@ def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, s
     if accelerator.is_main_process:
         state.saved_at = time.strftime("%Y-%m-%dT%H:%M:%S")
         atomic_write_json(tmp / STATE_FILE, asdict(state))
+        write_manifest(tmp)  # last: it describes every file above
         if final.exists():  # re-saving a step (e.g. after resuming from it): swap atomically-enough
             old = final.parent / f".{final.name}.old"
             shutil.rmtree(old, ignore_errors=True)

@@ -13,16 +13,30 @@ twice and read by two matmuls that produce the gradients of the hidden states [c
 `F.cross_entropy(h @ Wᵀ, t)`; on a 2-core CPU the tiny model's training step is ~1.7× faster than with the
 Hugging Face loss, and on a GPU the logits' memory (GBs for codeparrot-small) is never allocated.
 
-Matmuls run in the autocast dtype when autocast is on (bf16 on GPUs), the softmax in fp32.
+Matmuls run in the training's mixed-precision dtype, the softmax and the loss sum in fp32. Accelerate applies
+autocast inside `model.forward` only, and this head is called outside it, so `fused_head_weight` returns a
+`FusedHead` that carries the dtype (bf16 under `mixed_precision: bf16`) and `causal_lm_loss` opens that autocast
+itself; without it the head, a large share of the FLOPs with a 32k vocabulary, ran in fp32 (TF32 on a GPU,
+about half the bf16 peak).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from accelerate.utils import DistributedType
 
 IGNORE_INDEX = -100
+
+
+class FusedHead(NamedTuple):
+    """The LM head for the fused loss: its weight [V, D] and the dtype its matmuls run in (None: the autocast
+    in effect at the call, else the weight's dtype)."""
+
+    weight: torch.Tensor
+    compute_dtype: torch.dtype | None = None
 
 
 def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
@@ -99,29 +113,40 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets
     return loss_sum, (targets != IGNORE_INDEX).sum()
 
 
-def causal_lm_loss(model, head_weight: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                   chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_lm_loss(model, head_weight: torch.Tensor | FusedHead, input_ids: torch.Tensor,
+                   labels: torch.Tensor | None = None, chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of next-token cross-entropies, predicted tokens) of a Hugging Face causal LM on `input_ids` [B, T].
 
     `model` may be wrapped (DDP, compiled): it is called normally, asking for no logits (`logits_to_keep`
     an empty slice) and for the hidden states, whose last entry is the final LayerNorm's output.
-    `head_weight` is the LM head's weight [V, D] (GPT-2: the tied token embedding)."""
+    `head_weight` is the LM head's weight [V, D] (GPT-2: the tied token embedding), or a `FusedHead` whose
+    `compute_dtype` the head's matmuls run in (the model's own autocast ends with its forward)."""
+    head = head_weight if isinstance(head_weight, FusedHead) else FusedHead(head_weight)
     labels = input_ids if labels is None else labels
     out = model(input_ids=input_ids, logits_to_keep=slice(0, 0), output_hidden_states=True, use_cache=False)
     hidden = out.hidden_states[-1]  # [B, T, D]
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # position t predicts token t+1: [B·(T-1), D]
-    return linear_cross_entropy_sum(h, head_weight, labels[:, 1:].reshape(-1), chunk_rows)
+    targets = labels[:, 1:].reshape(-1)
+    if head.compute_dtype is None or head.compute_dtype == torch.float32:
+        return linear_cross_entropy_sum(h, head.weight, targets, chunk_rows)
+    with torch.autocast(h.device.type, dtype=head.compute_dtype):
+        return linear_cross_entropy_sum(h, head.weight, targets, chunk_rows)
 
 
 # ------------------------------------------------------------------------ what the loop and validation call
-def fused_head_weight(accelerator, model) -> torch.Tensor | None:
-    """The LM head weight [V, D] for the fused loss, or None where the parameters are sharded (FSDP/DeepSpeed)."""
+MIXED_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def fused_head_weight(accelerator, model) -> FusedHead | None:
+    """The LM head for the fused loss: its weight [V, D] and the accelerator's mixed-precision dtype (fp32 when
+    there is none), or None where the parameters are sharded (FSDP/DeepSpeed)."""
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         return None
-    return accelerator.unwrap_model(model).get_output_embeddings().weight
+    weight = accelerator.unwrap_model(model).get_output_embeddings().weight
+    return FusedHead(weight, MIXED_PRECISION_DTYPES.get(accelerator.mixed_precision, torch.float32))
 
 
-def forward_loss(model, head: torch.Tensor | None, batch: torch.Tensor) -> torch.Tensor:
+def forward_loss(model, head: FusedHead | torch.Tensor | None, batch: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of `batch` [B, T] (labels = inputs): fused with the LM head when `head`
     (its weight) is given, else through the model's own loss."""
     if head is None:
@@ -131,10 +156,11 @@ def forward_loss(model, head: torch.Tensor | None, batch: torch.Tensor) -> torch
 
 
 def token_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor,
-                   head_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   head_weight: FusedHead | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of next-token cross-entropies, number of predicted tokens) of one batch [B, T]; fp32 on device.
 
-    With `head_weight` (the LM head's weight) the fused chunked path is used (no [B, T, V] logits)."""
+    With `head_weight` (the LM head's weight, or a `FusedHead`) the fused chunked path is used (no [B, T, V]
+    logits)."""
     if head_weight is not None:
         return causal_lm_loss(model, head_weight, input_ids, labels)
     logits = model(input_ids=input_ids, use_cache=False).logits  # [B, T, V]

@@ -9,9 +9,11 @@ per token; 12·L·H·Q·T is attention's QKᵀ and AV over a context of T (L lay
 if no causal mask skipped half of it. MFU = tokens/s × FLOPs/token / peak FLOP/s (summed over processes).
 
 Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run); on a CPU, the
-matmul rate measured on this machine with torch (large square matrices, all threads), cached per CPU model,
-thread count and torch version in ~/.cache/codeparrot/cpu_peak.json; for a bf16 run on a CPU, the larger of
-the bf16 and fp32 figures (CPUs without native bf16 emulate it more slowly than fp32).
+matmul rate measured on this machine with torch (large square matrices, best of several rounds, at the thread count
+the training process runs with), cached per CPU model, thread count and torch version in
+~/.cache/codeparrot/cpu_peak.json, but not when the machine looked busy while measuring (too low a peak makes
+MFU read above 100%); for a bf16 run on a CPU, the larger of the bf16 and fp32 figures (CPUs without native bf16
+emulate it more slowly than fp32). An MFU above 100% is reported with a warning that the peak is wrong.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import json
 import os
 import platform
 import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -82,40 +86,87 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _measure_matmul(dtype: torch.dtype, size: int, seconds: float) -> float:
-    """Best FLOP/s of `size`² matmuls over about `seconds`."""
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+def _measure_matmul(dtype: torch.dtype, size: int, seconds: float, repeats: int = 5) -> tuple[float, float]:
+    """(best FLOP/s of `size`² matmuls over `repeats` timed rounds of about `seconds` / `repeats` each, the share
+    of this process's threads that actually ran during them: process CPU time / (wall time × threads))."""
+    rng = torch.Generator().manual_seed(0)  # never the global RNG: training resumes its restored state after this
+    a = torch.randn(size, size, generator=rng).to(dtype)
+    b = torch.randn(size, size, generator=rng).to(dtype)
     out = torch.empty(size, size, dtype=dtype)
-    torch.matmul(a, b, out=out)  # warm up (allocations, oneDNN primitive creation)
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.matmul(a, b, out=out)
-        best = max(best, 2.0 * size**3 / (time.perf_counter() - start))
-    return best
+    torch.matmul(a, b, out=out)  # warm up (allocations, oneDNN primitive creation, clocks ramping up)
+    torch.matmul(a, b, out=out)
+    best, cpu, wall = 0.0, 0.0, 0.0
+    for _ in range(repeats):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        deadline = wall0 + seconds / repeats
+        while True:
+            start = time.perf_counter()
+            torch.matmul(a, b, out=out)
+            now = time.perf_counter()
+            best = max(best, 2.0 * size**3 / (now - start))
+            if now >= deadline:
+                break
+        cpu, wall = cpu + time.process_time() - cpu0, wall + time.perf_counter() - wall0
+    return best, cpu / (wall * torch.get_num_threads())
 
 
-def cpu_matmul_peak(dtype: str = "float32", refresh: bool = False) -> float:
-    """Matmul FLOP/s of this CPU for `dtype` ("float32" or "bfloat16") at torch's current thread count.
+def machine_busy(cpu_share: float) -> str | None:
+    """Why a peak measured now would be too low (None when the machine looks idle): this process's threads got
+    less than 80% of their CPU time, or the 1-minute load average exceeds the cores left to us."""
+    if cpu_share < 0.8:
+        return f"the matmul threads got only {cpu_share:.0%} of their CPU time"
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load > cores + 0.5:  # the load includes our own threads, so only count what exceeds the cores
+        return f"load average {load:.1f} on {cores} cores"
+    return None
 
-    Measured once (about 2 s) and cached; the cache keeps the best figure ever seen for the same CPU model,
-    thread count and torch version, because a machine busy with other work only ever measures too low."""
-    key = f"{_cpu_name()} | threads={torch.get_num_threads()} | torch={torch.__version__} | {dtype}"
+
+@dataclass(frozen=True)
+class CpuPeak:
+    """A CPU matmul peak: FLOP/s at `threads` threads; `busy` says why it may be too low (then not cached)."""
+
+    flops: float
+    threads: int
+    cached: bool
+    busy: str | None = None
+
+
+def measure_cpu_peak(dtype: str = "float32", refresh: bool = False) -> CpuPeak:
+    """Matmul FLOP/s of this CPU for `dtype` ("float32", "bfloat16") at torch's current thread count: the one
+    the training process runs with (`accelerate launch --num_cpu_threads_per_process`, OMP_NUM_THREADS).
+
+    Best of 5 rounds at each of two sizes (about 2 s). Cached per CPU model, thread count, torch version and dtype,
+    keeping the best figure ever seen (a busy machine only ever measures too low); a figure measured while the
+    machine looks busy (`machine_busy`) is used for this run but not cached."""
+    threads = torch.get_num_threads()
+    key = f"{_cpu_name()} | threads={threads} | torch={torch.__version__} | {dtype}"
     try:
         cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
     except (OSError, ValueError):
         cache = {}
     if key in cache and not refresh:
-        return float(cache[key])
+        return CpuPeak(float(cache[key]), threads, cached=True)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    value = max(_measure_matmul(torch_dtype, size, seconds=0.6) for size in (1024, 2048))
-    cache[key] = max(value, float(cache.get(key, 0.0)))
-    try:
-        atomic_write_json(CACHE, cache)
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-    return cache[key]
+    runs = [_measure_matmul(torch_dtype, size, seconds=0.6) for size in (1024, 2048)]
+    value = max(flops for flops, _ in runs)
+    busy = machine_busy(min(share for _, share in runs))
+    best = max(value, float(cache.get(key, 0.0)))
+    if busy is None:
+        cache[key] = best
+        try:
+            atomic_write_json(CACHE, cache)
+        except OSError:
+            pass  # a read-only home only costs a re-measurement next time
+    return CpuPeak(best, threads, cached=False, busy=busy)
+
+
+def cpu_matmul_peak(dtype: str = "float32", refresh: bool = False) -> float:
+    """`measure_cpu_peak(dtype, refresh).flops`."""
+    return measure_cpu_peak(dtype, refresh).flops
 
 
 def _tf32_enabled() -> bool:
@@ -140,21 +191,39 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
                 return (tf32_peak, f"{name} TF32 data sheet") if tf32 else (fp32, f"{name} fp32 data sheet")
         return None, f"{name}: not in the peak table (set CODEPARROT_PEAK_TFLOPS)"
     if device.type == "cpu":
-        fp32 = cpu_matmul_peak("float32")
+        fp32 = measure_cpu_peak("float32")
+        note = f"{fp32.threads} thread(s)"
+        if fp32.busy:
+            note += f"; measured while the machine was busy ({fp32.busy}), not cached: MFU may read high"
         if dtype != torch.bfloat16:
-            return fp32, "measured float32 matmul peak of this CPU"
+            return fp32.flops, f"measured float32 matmul peak of this CPU, {note}"
         # Autocast runs the matmuls in bf16, but the hardware's peak is whichever unit is faster: on CPUs without
         # native bf16 (no AVX512-BF16/AMX) bf16 matmuls are emulated and slower than fp32, and an MFU against
         # that figure would flatter a run that leaves the fp32 units idle.
-        bf16 = cpu_matmul_peak("bfloat16")
-        if bf16 >= fp32:
-            return bf16, "measured bfloat16 matmul peak of this CPU"
-        return fp32, f"measured float32 matmul peak of this CPU (above its emulated bf16 {bf16 / 1e9:.0f} GFLOP/s)"
+        bf16 = measure_cpu_peak("bfloat16")
+        if bf16.busy and not fp32.busy:
+            note += f"; bf16 measured while the machine was busy ({bf16.busy}), not cached: MFU may read high"
+        if bf16.flops >= fp32.flops:
+            return bf16.flops, f"measured bfloat16 matmul peak of this CPU, {note}"
+        return fp32.flops, (f"measured float32 matmul peak of this CPU (above its emulated bf16 "
+                            f"{bf16.flops / 1e9:.0f} GFLOP/s), {note}")
     return None, f"{device.type}: no peak known (set CODEPARROT_PEAK_TFLOPS)"
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak: float | None, num_devices: int = 1) -> float | None:
-    """Fraction of the peak of `num_devices` devices; None when the peak is unknown."""
+    """Fraction of the peak of `num_devices` devices; None when the peak is unknown. Above 1 (impossible: the
+    peak is wrong, e.g. measured on a busy machine) it is still returned, with a warning (once per process)."""
     if not peak:
         return None
-    return tokens_per_s * flops_per_tok / (peak * num_devices)
+    value = tokens_per_s * flops_per_tok / (peak * num_devices)
+    if value > 1.0:
+        global _warned_above_100
+        if not _warned_above_100:
+            _warned_above_100 = True
+            warnings.warn(f"MFU {value:.0%} is above 100%: the peak ({peak / 1e12:.3f} TFLOP/s per device) is "
+                          f"too low, so every MFU of this run is wrong; set CODEPARROT_PEAK_TFLOPS to the real "
+                          f"peak, or delete {CACHE} and re-run on an idle machine", stacklevel=2)
+    return value
+
+
+_warned_above_100 = False

@@ -29,7 +29,7 @@ from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
 from codeparrot.repository.pusher import CheckpointPusher
-from codeparrot.repository.refs import resolve_model_dir
+from codeparrot.repository.refs import open_repository, resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.checkpointing import (
     TrainerState,
@@ -42,9 +42,11 @@ from codeparrot.training.checkpointing import (
 )
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
+from codeparrot.training.launch_checks import check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.optim import build_optimizer, build_scheduler
+from codeparrot.training.rank_logs import open_rank_log
 from codeparrot.training.reporting import (
     MetricsFile,
     configure_wandb_env,
@@ -74,15 +76,25 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 
     # ---- 1. inputs, checked before any compute ----
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() would read it
+    check_one_job(state.num_processes, state.distributed_type)  # never N independent trainings in one folder
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
     accum = cfg.accumulation_steps(world)  # one-line error when the budget does not divide
     run_dir = cfg.run_dir()
-    checkpoint = resolve_resume(resume, run_dir)
+    checkpoint = resolve_resume(resume, run_dir, report=lambda text: print(text, file=sys.stderr) if main else None)
     if checkpoint is not None and read_state(checkpoint).world_size != world:
         raise CodeParrotError(f"{checkpoint} was written by {read_state(checkpoint).world_size} processes; resume it "
                               f"with that many, not {world} (each process has its own data position)")
+    if checkpoint is not None and read_state(checkpoint).step >= cfg.max_steps and (run_dir / "final").is_dir():
+        if main:
+            print(f"run {cfg.run_name} is already finished: {checkpoint.name} reached max_steps {cfg.max_steps}; "
+                  f"its final model is in {run_dir / 'final'} (raise --max_steps to train further)")
+        done = read_state(checkpoint)
+        return TrainResult(run_dir, done.step, done.tokens_seen, last_checkpoint=checkpoint)
     with state.local_main_process_first():  # materialize a repository revision once per node
         tokenizer, model_dir = load_tokenizer_checked(cfg)
+    if main and checkpoint is None and not inspect_batches:
+        for line in model_source_lines(cfg):
+            print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
     train_ds, valid_ds = build_datasets(cfg, tokenizer, rank, world)
     if inspect_batches:
         if main:
@@ -99,6 +111,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step, whatever the process count
         dynamo_backend="inductor" if cfg.compile else None)
+    check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
+    open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device
     set_seed(cfg.seed + rank)  # dropout differs per process; data order is seeded inside the datasets
     if device.type == "cuda":
@@ -225,6 +239,10 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     accelerator.wait_for_everyone()
     accelerator.end_training()
     result.step, result.tokens_seen = step, tokens_seen
+    if main and (run_dir / "final").is_dir():
+        pushed = f"; pushed to {cfg.model} branch {cfg.run_name}, commit {pusher.commits[-1][:12]}" if (
+            pusher is not None and pusher.commits) else ""
+        print(f"final model (step {step}): {run_dir / 'final'}{pushed}")
     return result
 
 
@@ -246,6 +264,25 @@ def load_tokenizer_checked(cfg: TrainConfig):
     tokenizer = load_tokenizer(cfg.data.tokenizer or str(model_dir))
     check_model_tokenizer(model_cfg, tokenizer, str(cfg.data.tokenizer or model_dir), seq_length=cfg.data.seq_length)
     return tokenizer, model_dir
+
+
+def model_source_lines(cfg: TrainConfig) -> list[str]:
+    """Where the starting weights come from: the repository, revision and commit (for a repository), plus a
+    warning when the revision's newest commit is a promotion, i.e. already-trained weights, not an initial
+    model. Best effort: a repository that cannot be listed (offline Hub) only gets the first line."""
+    line = f"starting weights: {cfg.model} @ {cfg.revision}"
+    try:
+        repo = open_repository(cfg.model)
+        commit = repo.resolve_revision(cfg.revision)
+        tip = next((c for c in repo.list_commits(cfg.revision)), None) if cfg.revision != commit else None
+    except Exception:  # noqa: BLE001 - a plain folder, an offline Hub: nothing more to say
+        return [line]
+    lines = [f"{line} (commit {commit[:12]}{f', {tip.message!r}' if tip is not None else ''})"]
+    if tip is not None and tip.message.startswith("promote "):
+        lines.append(f"warning: {cfg.model}@{cfg.revision} holds a promoted, already-trained model ({tip.message}); "
+                     "this run continues from those weights. For a fresh run start from the initial model "
+                     "(--revision <commit of 'initial model'>, see `scripts/checkpoints.py log`)")
+    return lines
 
 
 def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
@@ -308,7 +345,7 @@ def make_pusher(cfg: TrainConfig):
     if not cfg.checkpoint.push:
         return None
 
-    return CheckpointPusher(cfg.model, cfg.run_name)
+    return CheckpointPusher(cfg.model, cfg.run_name, from_revision=cfg.revision)  # the branch follows its parent
 
 
 def save_final_model(accelerator, model, tokenizer, folder: Path) -> None:

@@ -22,7 +22,7 @@ from codeparrot.repository.model import check_model_tokenizer, load_pretrained_m
 from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
-from codeparrot.training.loss import IGNORE_INDEX, fused_head_weight, token_loss_sum
+from codeparrot.training.loss import IGNORE_INDEX, FusedHead, fused_head_weight, token_loss_sum
 
 
 @dataclass
@@ -35,7 +35,8 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int = -1,
-             dummy_shape: tuple[int, int] | None = None, head_weight: torch.Tensor | None = None) -> EvalResult:
+             dummy_shape: tuple[int, int] | None = None,
+             head_weight: FusedHead | torch.Tensor | None = None) -> EvalResult:
     """Validation loss of `model` over this process's `batches` (LongTensor [B, T], labels = inputs) and the
     other processes' ones: `max_steps` eval steps (each process one batch per step), or -1 for all of them.
 

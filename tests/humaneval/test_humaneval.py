@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from codeparrot.config import config_from_args, config_parser
 from codeparrot.errors import CodeParrotError
+from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.problems import load_problems, merge_samples, read_samples
 from codeparrot.humaneval.scoring import score
 from codeparrot.sandbox.client import SandboxConfig
@@ -86,13 +88,19 @@ def test_a_completion_forging_a_sandbox_error_only_fails_itself(problems):
     assert out["pass_at_k"]["none"]["pass@1"]["value"] == pytest.approx((0.5 + 1 + 1) / 3)
 
 
-def _score_options(tmp_path, completions, **changes) -> argparse.Namespace:
-    options = argparse.Namespace(problems=None, num_tasks=10, timeout=3.0, memory_mb=1024, completions=str(completions),
-                                 canonical=False, model=None, revision=None, output=str(tmp_path / "r.json"), k=[1],
-                                 allow_code_execution=True, num_workers=1, execute_duplicates=False, no_progress=True,
-                                 allow_missing_tasks=False, samples_file=None)
-    vars(options).update(changes)
-    return options
+def _config(**flags) -> HumanEvalConfig:
+    """A `HumanEvalConfig` from the values of scripts/human_eval.py's flags (the others at their defaults), as
+    its parser would build it."""
+    defaults = vars(config_parser(HumanEvalConfig).parse_args(["--output", "unused", "--canonical"]))
+    return config_from_args(HumanEvalConfig, argparse.Namespace(**{**defaults, "canonical": False, **flags}))
+
+
+def _score_options(tmp_path, completions, **changes) -> HumanEvalConfig:
+    options = dict(problems=None, num_tasks=10, timeout=3.0, memory_mb=1024, completions=str(completions),
+                   canonical=False, model=None, revision=None, output=str(tmp_path / "r.json"), k=[1],
+                   allow_code_execution=True, num_workers=1, execute_duplicates=False, no_progress=True,
+                   allow_missing_tasks=False, samples_file=None)
+    return _config(**{**options, **changes})
 
 
 def test_every_requested_task_is_accounted_for(tmp_path, problems):
@@ -264,12 +272,12 @@ def test_resume_with_other_settings_is_refused(tmp_path, tiny_model):
     samples = tmp_path / "s.jsonl"
     samples.write_text("")
     (tmp_path / "s.jsonl.meta.json").write_text(json.dumps({"model": str(tiny_model), "top_p": 0.5}))
-    options = argparse.Namespace(problems=None, num_tasks=2, timeout=3.0, memory_mb=1024, completions=None,
-                                 canonical=False, model=str(tiny_model), revision=None, n_samples=1, batch_size=1,
-                                 temperature=[0.2], top_p=0.95, max_new_tokens=8, seed=0, no_strip=False,
-                                 samples_file=str(samples), output=str(tmp_path / "r.json"), k=[1],
-                                 allow_code_execution=False, num_workers=1, execute_duplicates=False,
-                                 no_progress=True)
+    options = _config(problems=None, num_tasks=2, timeout=3.0, memory_mb=1024, completions=None,
+                      canonical=False, model=str(tiny_model), revision=None, n_samples=1, batch_size=1,
+                      temperature=[0.2], top_p=0.95, max_new_tokens=8, seed=0, no_strip=False,
+                      samples_file=str(samples), output=str(tmp_path / "r.json"), k=[1],
+                      allow_code_execution=False, num_workers=1, execute_duplicates=False,
+                      no_progress=True, allow_missing_tasks=False)
     with pytest.raises(CodeParrotError, match=r"top_p: 0.5 there, 0.95 now"):
         run(options)
 
@@ -285,15 +293,17 @@ def test_resume_names_each_differing_setting(tmp_path, problems):
     base = dict(problems=None, num_tasks=2, timeout=3.0, memory_mb=1024, completions=None, canonical=False,
                 model="not-loaded/model", revision=None, n_samples=4, batch_size=2, temperature=[0.2], top_p=0.95,
                 max_new_tokens=8, seed=0, no_strip=False, samples_file=str(samples), output=str(tmp_path / "r.json"),
-                k=[1], allow_code_execution=False, num_workers=1, execute_duplicates=False, no_progress=True)
+                k=[1], allow_code_execution=False, num_workers=1, execute_duplicates=False, no_progress=True,
+                allow_missing_tasks=False)
     with pytest.raises(CodeParrotError, match=r"holds samples but no s.jsonl.meta.json"):
-        run(argparse.Namespace(**base))
+        run(_config(**base))
     cfg = SamplingConfig(n_samples=4, batch_size=2, temperatures=[0.2], top_p=0.95, max_new_tokens=8, seed=0)
-    meta = _meta(argparse.Namespace(**base), problems[:2], cfg, world=1)
+    assert _config(**base).sampling == cfg
+    meta = _meta(_config(**base), problems[:2], world=1)
     (tmp_path / "s.jsonl.meta.json").write_text(json.dumps(meta))
     for flag, value, key in (("seed", 1, "seed"), ("n_samples", 5, "n_samples"), ("batch_size", 4, "batch_size"),
                              ("top_p", 0.9, "top_p"), ("max_new_tokens", 16, "max_new_tokens"),
                              ("no_strip", True, "strip_prompt"), ("num_tasks", 3, "prompts_sha256")):
         with pytest.raises(CodeParrotError, match=rf"other settings \({key}: [^;]*\);") as err:
-            run(argparse.Namespace(**{**base, flag: value}))
+            run(_config(**{**base, flag: value}))
         assert "\n" not in str(err.value)

@@ -82,7 +82,17 @@ def test_bad_configs_are_one_line_errors(repo_root, overrides, message):
     with pytest.raises(CodeParrotError) as err:
         load_config(TrainConfig, repo_root / "configs/train/tiny.yaml", overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
-    assert "tiny.yaml" in str(err.value)  # names the file
+    # every one of these values was typed on the command line: the error says so, not "tiny.yaml"
+    assert str(err.value).startswith("command line: ") and "tiny.yaml" not in str(err.value)
+
+
+def test_config_errors_name_the_yaml_file_when_the_file_is_wrong(repo_root, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((repo_root / "configs/train/tiny.yaml").read_text() + "\noptim:\n  lrr: 2\n")
+    with pytest.raises(CodeParrotError, match=r"^.*bad.yaml: unknown config key optim.lrr"):
+        load_config(TrainConfig, bad, ["--seed", "3"])  # a valid override does not take the blame
+    with pytest.raises(CodeParrotError, match=r"^command line: max_steps: expected an integer"):
+        load_config(TrainConfig, repo_root / "configs/train/tiny.yaml", ["--max_steps", "ten"])
 
 
 def test_run_dir_defaults_to_runs_slash_name():

@@ -4,6 +4,7 @@ and the measured-and-cached CPU matmul peak."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -93,6 +94,7 @@ def test_mfu_arithmetic():
 def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     cache = tmp_path / "cpu_peak.json"
     monkeypatch.setattr(mfu_mod, "CACHE", cache)
+    monkeypatch.setattr(mfu_mod, "machine_busy", lambda share: None)  # this shared test machine may be busy
     calls = []
     real = mfu_mod._measure_matmul
 
@@ -109,16 +111,83 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     (key,) = json.loads(cache.read_text())
     assert "float32" in key and f"threads={torch.get_num_threads()}" in key
     # a busy machine measuring lower never lowers the cached peak
-    monkeypatch.setattr(mfu_mod, "_measure_matmul", lambda dtype, size, seconds: first / 10)
+    monkeypatch.setattr(mfu_mod, "_measure_matmul", lambda dtype, size, seconds: (first / 10, 1.0))
     assert mfu_mod.cpu_matmul_peak("float32", refresh=True) == first
-    assert peak_flops(torch.device("cpu"), torch.float32) == (first, "measured float32 matmul peak of this CPU")
+    value, source = peak_flops(torch.device("cpu"), torch.float32)
+    assert value == first and source.startswith("measured float32 matmul peak of this CPU")
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_peak_is_measured_at_the_training_thread_count_and_cached_per_count(tmp_path, monkeypatch, one_thread):
+    """A run launched with fewer threads (here 1) gets a peak measured at that count, never the figure of another
+    count from the cache; and a real workload at that count stays at or below the peak (MFU ≤ 100%)."""
+    monkeypatch.setattr(mfu_mod, "CACHE", tmp_path / "cpu_peak.json")
+    monkeypatch.setattr(mfu_mod, "machine_busy", lambda share: None)
+    # a cached figure for another thread count (what a 2-thread bench left behind) must not be used at 1 thread
+    other = f"{mfu_mod._cpu_name()} | threads=64 | torch={torch.__version__} | float32"
+    (tmp_path / "cpu_peak.json").write_text(json.dumps({other: 1e15}))
+    one = mfu_mod.measure_cpu_peak("float32")
+    assert one.threads == 1 and not one.cached and one.flops < 1e15
+    keys = json.loads((tmp_path / "cpu_peak.json").read_text())
+    assert keys[other] == 1e15 and keys[f"{mfu_mod._cpu_name()} | threads=1 | torch={torch.__version__} | float32"]
+    assert "1 thread(s)" in peak_flops(torch.device("cpu"), torch.float32)[1]
+    # the work a training step does (a GPT-2 MLP-sized matmul chain), timed at the same thread count
+    x, w1, w2 = torch.randn(512, 256), torch.randn(256, 1024), torch.randn(1024, 256)
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(10):
+            (x @ w1).relu() @ w2
+        best = max(best, 10 * 2 * 2 * 512 * 256 * 1024 / (time.perf_counter() - start))
+    assert best / one.flops <= 1.05  # best-of-rounds large-matrix peak bounds a smaller workload's rate
+
+
+def test_busy_machine_peak_is_used_but_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(mfu_mod, "CACHE", tmp_path / "cpu_peak.json")
+    monkeypatch.setattr(mfu_mod, "_measure_matmul", lambda dtype, size, seconds: (50e9, 0.45))
+    peak = mfu_mod.measure_cpu_peak("float32")
+    assert peak.flops == 50e9 and "45%" in peak.busy and not (tmp_path / "cpu_peak.json").exists()
+    assert "busy" in peak_flops(torch.device("cpu"), torch.float32)[1]
+    monkeypatch.setattr(mfu_mod.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert "load average 64.0" in mfu_mod.machine_busy(1.0)
+    monkeypatch.setattr(mfu_mod.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert mfu_mod.machine_busy(0.95) is None
+
+
+def test_mfu_above_100_percent_warns_that_the_peak_is_wrong(monkeypatch):
+    monkeypatch.setattr(mfu_mod, "_warned_above_100", False)
+    with pytest.warns(UserWarning, match=r"MFU 112% is above 100%: the peak .* is too low"):
+        assert mfu(1120, 1e8, 1e11) == pytest.approx(1.12)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mfu(500, 1e8, 1e11) == pytest.approx(0.5)  # a possible figure: no warning
 
 
 @pytest.mark.parametrize("bf16, expected", [(50e9, 100e9), (400e9, 400e9)])
 def test_cpu_bf16_peak_is_the_faster_unit(monkeypatch, bf16, expected):
     """On a CPU that emulates bf16 (slower than fp32) a bf16 run is measured against the fp32 units it leaves
     idle; on one with native bf16 (AMX) against the bf16 units."""
-    monkeypatch.setattr(mfu_mod, "cpu_matmul_peak", lambda dtype="float32", refresh=False: {
-        "float32": 100e9, "bfloat16": bf16}[dtype])
+    monkeypatch.setattr(mfu_mod, "measure_cpu_peak", lambda dtype="float32", refresh=False: mfu_mod.CpuPeak(
+        {"float32": 100e9, "bfloat16": bf16}[dtype], 2, cached=True))
     assert peak_flops(torch.device("cpu"), torch.bfloat16)[0] == expected
     assert peak_flops(torch.device("cpu"), torch.float32)[0] == 100e9
+
+
+def test_measuring_the_peak_leaves_the_global_rng_alone(tmp_path, monkeypatch):
+    """The peak is measured after a resume restored the RNG states (and, on a busy machine, in every run): it
+    must not shift the dropout stream, or a resumed run diverges from an uninterrupted one."""
+    monkeypatch.setattr(mfu_mod, "CACHE", tmp_path / "cpu_peak.json")
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    mfu_mod._measure_matmul(torch.float32, 64, seconds=0.01)
+    assert torch.equal(torch.rand(4), expected)

@@ -1,6 +1,7 @@
 """ConstantLengthDataset: code files in, fixed-length token sequences out, with an exact resumable position.
 
-What one reader (one rank's one DataLoader worker; see `record_sources` for how readers split the data) does:
+What one reader (one rank's one DataLoader worker; see `record_streams` for how readers split the data: by record
+of one global stream of epochs, so every file is read once per epoch whatever the shard and reader counts) does:
 
     records --(file shuffle buffer)--> texts until ~seq_length × chars_per_token × num_of_sequences characters
       --one batched tokenizer call--> t1 EOS t2 EOS ... tn EOS, appended to the carried tail of the last buffer
@@ -29,7 +30,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.training.datasets.record_streams import HubRecordStream, LocalRecordStream, check_has_records
 from codeparrot.training.datasets.resumable import Reader, ResumableIterableDataset, check_state_matches
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: records dealt by a global count across epochs (record_streams docstring)
 EOS_TOKEN = "<|endoftext|>"
 
 
@@ -141,7 +142,7 @@ class _ConstantLengthIterator:
         self.stream = ds._open_stream(reader_id, n_readers)
         L = ds.seq_length
         self.rng = np.random.Generator(np.random.PCG64([ds.seed, reader_id, n_readers]))
-        self.epoch, self.yielded, self.records_in_epoch = 0, 0, 0
+        self.epoch, self.yielded, self.records_in_epoch, self.empty_epochs = 0, 0, 0, 0
         self.text_buffer: list[str] = []  # file-level shuffle buffer
         self.tail = np.empty(0, dtype=ds.dtype)  # < L tokens carried into the next buffer
         self.pending = np.empty(0, dtype=ds.dtype)  # current buffer's chunks, flat [n_chunks × L]
@@ -187,9 +188,12 @@ class _ConstantLengthIterator:
                     break  # tokenize what we have; the next refill crosses into the next epoch
                 if not self.ds.infinite:
                     return False
-                if self.records_in_epoch == 0:
-                    raise CodeParrotError(f"{self.where} got no records from {self.ds.label} in a whole epoch; "
-                                          "use fewer processes/workers or more data")
+                # Records are dealt by a count that runs across epochs, so with fewer records than readers a
+                # reader gets some only every few epochs; none in n_readers epochs in a row means none at all.
+                self.empty_epochs = 0 if self.records_in_epoch else self.empty_epochs + 1
+                if self.empty_epochs > self.n_readers:
+                    raise CodeParrotError(f"{self.where} got no records from {self.ds.label} in "
+                                          f"{self.empty_epochs} epochs in a row: the data is empty")
                 self.epoch += 1
                 self.records_in_epoch = 0
                 self.stream.start_epoch(self.epoch)
@@ -245,6 +249,7 @@ class _ConstantLengthIterator:
             "reader_id": self.reader_id, "n_readers": self.n_readers, "seq_length": self.ds.seq_length,
             "source": self.ds.label if self.ds.hub_dataset else len(self.ds.files),
             "epoch": self.epoch, "yielded": self.yielded, "records_in_epoch": self.records_in_epoch,
+            "empty_epochs": self.empty_epochs,
             "exhausted": self.exhausted, "stream": self.stream.state_dict(),
             "rng": self.rng.bit_generator.state,
             "text_buffer": list(self.text_buffer),
@@ -264,6 +269,7 @@ class _ConstantLengthIterator:
                                   f"sequence_shuffle_buffer is {ds.sequence_shuffle_buffer}")
         self.epoch, self.yielded = int(state["epoch"]), int(state["yielded"])
         self.records_in_epoch, self.exhausted = int(state["records_in_epoch"]), bool(state["exhausted"])
+        self.empty_epochs = int(state["empty_epochs"])
         self.stream.load_state_dict(self.epoch, state["stream"])
         self.rng.bit_generator.state = state["rng"]
         self.text_buffer = list(state["text_buffer"])

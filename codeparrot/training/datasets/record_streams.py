@@ -1,19 +1,45 @@
 """Where training text comes from: two record streams with an exact, cheap cursor (which files a path names and
 how a line is parsed: `codeparrot.data.records`, shared with every other stage).
 
-Every stream serves one *reader* (one rank's one DataLoader worker) out of `n_readers`, so no process ever reads,
-parses or tokenizes records that belong to another:
-- by shard, when there are at least as many files as readers: reader k reads files k, k+n, k+2n, ...;
-- by record, when there are fewer: every reader scans all lines, but parses (and later tokenizes) only records
-  i with i % n_readers == k (i counts the non-blank lines of the epoch's stream, which every reader sees alike).
+Every stream serves one *reader* (one rank's one DataLoader worker) out of `n_readers`.
+
+How files are dealt (balanced: every file is read exactly E times over E epochs, for any shard and reader count)
+---------------------------------------------------------------------------------------------------------------
+A *file* here is one record (one source file, one JSON line); a *shard* is one .json(.gz) file of records. All
+readers see the same global stream: epoch 0's shards in that epoch's order (`epoch_file_order`, seeded by
+(seed, epoch), so every reader computes it alone), then epoch 1's, and so on, each shard's records in line order.
+Record g of that endless stream (g counts non-blank lines from the start of training, *across* epochs) belongs to
+reader g % n_readers, and only that reader parses and tokenizes it. So:
+- every reader holds 1/n_readers of every epoch's records (±1), whatever the number or sizes of the shards: with
+  1 shard and 4 readers each reader reads a quarter of the shard, with 53 shards and 32 readers nobody holds two
+  shards while another holds one. Readers are consumed at the same rate (equal batches per rank, workers in
+  turn), so they cross epoch boundaries together and over E epochs' worth of batches each file is read E times,
+  up to what is in flight at the stopping point (a reader's carried tail and shuffle buffers). The deal is exact
+  in files, readers are consumed in tokens: a reader whose share happens to hold longer files runs behind by the
+  statistical spread of its share's size (with 165k files per reader and epoch at the published scale and a
+  file-size standard deviation assumed at twice the mean, about 0.5% of an epoch); with the shard order shuffled per epoch (training)
+  the shares change every epoch and that spread grows like √E, not like E;
+- the count continues across epochs, so an epoch whose record count is not a multiple of n_readers does not
+  always leave its remainder to the same readers.
+The old deal (reader k takes whole shards k, k+n, ... and starts its next epoch on its own) made readers with
+fewer shards loop faster: 3 equal shards over 2 readers read 10 of 36 files twice and 3 never in one epoch's
+worth of sequences; 53 shards over 32 readers skipped 13.6% of the data in the first epoch.
+
+Cost: every reader *scans* every line of every shard (gzip decompression and a newline split, no JSON parsing
+or tokenizing of other readers' records): `iter_record_lines` scans 232 MB/s of gzipped JSON lines on one core of
+the 2-core development machine, so CodeParrot's 50 GB / 5.3M files cost about 4 CPU-minutes per reader per
+epoch, against about half a day of training per epoch at the published speed (29.5B tokens ≈ 2 epochs in a
+day). On the Hub path it means every reader downloads the whole split: for runs with many readers, download the
+split once (`hf download --repo-type dataset ...`) and train on the local shards.
+
+The cursor is exact and cheap: local shards keep (file position, line, global record counter), so a resume
+decompresses the current shard up to that line but parses and tokenizes nothing that was consumed.
 
 Why local shards are not read through `datasets` streaming (datasets 5.2 does have `IterableDataset.state_dict()`,
 and `HubRecordStream` below uses it): its JSON resume re-parses the shard from its start up to the saved row; its
 record-level node split (`StepExamplesIterable`) tracks its offset only on the Arrow path and realigns wrongly
 across shards of uneven length; inside a DataLoader worker it re-splits by shard and idles every worker beyond the
-shard count; and its shuffle buffer is documented as lost on resume. Our own cursor is (file position, line):
-resuming decompresses the current shard up to that line (gzip has no random access) but parses and tokenizes
-nothing that was consumed, and the split by record needs no help from the library.
+shard count; and its shuffle buffer is documented as lost on resume.
 """
 
 from __future__ import annotations
@@ -58,21 +84,22 @@ def epoch_file_order(n_files: int, seed: int, epoch: int, shuffle: bool) -> list
 
 
 class LocalRecordStream:
-    """This reader's texts of one epoch, in order, with the cursor (file position, line, record counter)."""
+    """This reader's texts of one epoch, in order, with the cursor (file position, line, global record counter):
+    record g of the endless stream of epochs is this reader's when g % n_readers == reader_id (module docstring)."""
 
     def __init__(self, files: list[str], text_column: str, reader_id: int, n_readers: int,
                  shuffle_files: bool, seed: int):
         self.files, self.text_column = files, text_column
         self.reader_id, self.n_readers = reader_id, n_readers
-        self.by_shard = len(files) >= n_readers
         self.shuffle_files, self.seed = shuffle_files, seed
         self._lines: Iterator[tuple[int, bytes]] | None = None  # (line number, line) of the open file
+        self.record = 0  # records of the global stream scanned so far, all epochs (not reset per epoch)
         self.start_epoch(0)
 
     def start_epoch(self, epoch: int) -> None:
-        order = [self.files[i] for i in epoch_file_order(len(self.files), self.seed, epoch, self.shuffle_files)]
-        self.epoch_files = order[self.reader_id :: self.n_readers] if self.by_shard else order
-        self.file_pos, self.line, self.record = 0, 0, 0
+        self.epoch_files = [self.files[i] for i in epoch_file_order(len(self.files), self.seed, epoch,
+                                                                    self.shuffle_files)]
+        self.file_pos, self.line = 0, 0
         self.close()
 
     def close(self) -> None:
@@ -88,7 +115,7 @@ class LocalRecordStream:
                 self._lines = iter_record_lines(path, start_line=self.line)
             for self.line, raw in self._lines:
                 index, self.record = self.record, self.record + 1
-                if self.by_shard or index % self.n_readers == self.reader_id:
+                if index % self.n_readers == self.reader_id:
                     return parse_record(raw, self.text_column, path, self.line)
             self.close()
             self.file_pos, self.line = self.file_pos + 1, 0
@@ -104,29 +131,30 @@ class LocalRecordStream:
 
 class HubRecordStream:
     """Texts of a `datasets` streaming dataset (a Hub id, or a builder name such as "json" with `data_files`),
-    split across readers by shard (`IterableDataset.shard`) or by record, with an exact cursor: the library's own
-    `state_dict()` taken at a batch boundary plus the offset inside that batch (resuming re-reads one batch)."""
+    dealt to readers by record of the endless stream of epochs like `LocalRecordStream` (module docstring), with
+    an exact cursor: the library's own `state_dict()` taken at a batch boundary plus the offset inside that batch
+    (resuming re-reads one batch) plus the records of earlier epochs."""
 
     def __init__(self, name: str, split: str, data_files: list[str] | None, text_column: str, reader_id: int,
                  n_readers: int, batch_size: int = 256):
         self.name, self.split, self.data_files, self.text_column = name, split, data_files, text_column
         self.reader_id, self.n_readers, self.batch_size = reader_id, n_readers, batch_size
+        self._epoch_base = 0  # records of the global stream in the epochs before this one
+        self._batch_base, self._batch = 0, []
         self.start_epoch(0)
 
     def _open(self):
-
         try:
             ds = load_dataset(self.name, data_files=self.data_files, split=self.split, streaming=True)
         except Exception as err:  # the library raises many types (connection, missing split, bad builder...)
             raise CodeParrotError(f"cannot stream dataset {self.name} split {self.split}: "
                                   f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-        self.by_shard = ds.num_shards >= self.n_readers
-        if self.by_shard and self.n_readers > 1:
-            ds = ds.shard(num_shards=self.n_readers, index=self.reader_id, contiguous=False)
         return ds
 
     def start_epoch(self, epoch: int) -> None:
-        # A fresh library object every epoch: one that had a state loaded would resume from it again.
+        # A fresh library object every epoch: one that had a state loaded would resume from it again. The
+        # records scanned so far (all of the epoch that ended) move into the base of the global count.
+        self._epoch_base += self._batch_base + len(self._batch)
         self._ds = self._open()
         self._it = None
         self._batch: list = []
@@ -156,10 +184,10 @@ class HubRecordStream:
             while self._pos >= len(self._batch):
                 if not self._fetch():
                     return None
-            index = self._batch_base + self._pos
+            index = self._epoch_base + self._batch_base + self._pos
             text = self._batch[self._pos]
             self._pos += 1
-            if self.by_shard or index % self.n_readers == self.reader_id:
+            if index % self.n_readers == self.reader_id:
                 if not isinstance(text, str):
                     raise CodeParrotError(f"dataset {self.name}: record {index} '{self.text_column}' is "
                                           f"{type(text).__name__}, not a string")
@@ -167,10 +195,12 @@ class HubRecordStream:
 
     def state_dict(self) -> dict:
         return {"hf_state": self._hf_state_before, "pos": self._pos, "batch_base": self._batch_base,
-                "started": self._it is not None}
+                "epoch_base": self._epoch_base, "started": self._it is not None}
 
     def load_state_dict(self, epoch: int, state: dict) -> None:
+        self._batch_base, self._batch = 0, []
         self.start_epoch(epoch)
+        self._epoch_base = int(state["epoch_base"])
         if not state["started"]:
             return
         if state["hf_state"] is not None:

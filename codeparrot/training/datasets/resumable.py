@@ -91,7 +91,11 @@ class ResumableIterableDataset(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` at the next `iter()`: exactly the item after the last one consumed."""
-        if state.get("kind") != self.STATE_KIND or state.get("version") != self.STATE_VERSION:
+        if state.get("kind") == self.STATE_KIND and state.get("version") != self.STATE_VERSION:
+            raise CodeParrotError(f"{type(self).__name__} position of format version {state.get('version')!r}; this "
+                                  f"code reads version {self.STATE_VERSION} (the data is dealt differently): "
+                                  "start a new run, or finish this one with the code that wrote it")
+        if state.get("kind") != self.STATE_KIND:
             raise CodeParrotError(f"not a {type(self).__name__} state (kind {state.get('kind')!r}, "
                                   f"version {state.get('version')!r})")
         self._resume, self._iter = state, None

@@ -150,6 +150,8 @@ RESUME_CASES = {
     "plain": dict(num_of_sequences=4),
     "shuffle-buffers": dict(num_of_sequences=4, shuffle_buffer=5, sequence_shuffle_buffer=7, seed=3),
     "infinite-across-epochs": dict(num_of_sequences=4, infinite=True, shuffle_buffer=3, sequence_shuffle_buffer=4),
+    # reader 1 of 3: the record count that deals records runs across epochs and must resume with them
+    "reader-1-of-3-across-epochs": dict(num_of_sequences=2, infinite=True, shuffle_buffer=3, rank=1, world_size=3),
 }
 
 

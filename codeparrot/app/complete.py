@@ -1,0 +1,98 @@
+"""The Complete tab (API `/complete`): a prompt completed by a checkpoint, streamed, cut by HumanEval's stop rules.
+
+The text shown is `prompt + completion` exactly as the HumanEval harness would execute it: the model reads
+`EOS + prompt.strip()` and `codeparrot.inference.completion.CompletionStreamer` only ever shows text that no
+later stop string can cut away, so every streamed state is a prefix of the final one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from codeparrot.app.pickers import revision_picker
+from codeparrot.app.workspace import Workspace, guarded
+from codeparrot.errors import CodeParrotError
+from codeparrot.inference.completion import CompletionStreamer, build_prompt_ids, generate_completions
+from codeparrot.repository.model import model_context
+
+EXAMPLE_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+_GENERATION_LOCK = threading.Lock()  # torch's global RNG: a seeded request must not interleave with another
+
+
+def fit_to_context(model, tokenizer, prompt: str, max_new_tokens: int) -> int:
+    """`max_new_tokens` capped so that prompt + completion fit the model's context (the slider's range is the
+    same for every checkpoint; a small model's context is not); a prompt that fills the context is an error."""
+    room = model_context(model) - len(build_prompt_ids(tokenizer, prompt))
+    if room < 1:
+        raise CodeParrotError(f"the prompt fills the model's whole context of {model_context(model)} tokens; "
+                              f"shorten it")
+    return max(1, min(max_new_tokens, room))
+
+
+def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, temperature: float, top_p: float,
+                      max_new_tokens: float, seed: float | None):
+    """Yield (prompt + completion so far, status line) until the completion is final."""
+    if prompt is None or not prompt.strip():
+        raise CodeParrotError("the prompt is empty; type the start of a function to complete")
+    ws.check_text(prompt, "prompt")
+    if max_new_tokens is None or int(max_new_tokens) != max_new_tokens:
+        raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
+    model, tokenizer, label = ws.model(branch, checkpoint)
+    max_new_tokens = fit_to_context(model, tokenizer, prompt, int(max_new_tokens))
+    pieces: queue.Queue = queue.Queue()
+    outcome: dict = {}
+    streamer = CompletionStreamer(tokenizer, write=pieces.put)
+
+    def run() -> None:
+        try:
+            with _GENERATION_LOCK:
+                outcome["completions"] = generate_completions(
+                    model, tokenizer, prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                    top_p=float(top_p), seed=None if seed is None or seed < 0 else int(seed), streamer=streamer)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
+            outcome["error"] = err
+        finally:
+            pieces.put(None)
+
+    start = time.perf_counter()
+    worker = threading.Thread(target=run, name="codeparrot-complete", daemon=True)
+    worker.start()
+    text = prompt
+    while (piece := pieces.get()) is not None:
+        text += piece
+        yield text, f"generating with {label} …"
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    done = outcome["completions"][0]
+    yield prompt + done.text, (f"{label} · {done.num_tokens} tokens in {time.perf_counter() - start:.1f} s · ended by "
+                               f"{done.stop_reason}")
+
+
+def build_complete_tab(ws: Workspace) -> None:
+    import gradio as gr
+
+    gr.Markdown("Type the start of a Python function; the checkpoint completes it token by token and stops "
+                "exactly where HumanEval would (a new top-level `def`, `class`, `if`, `print` or `#`, or EOS).")
+    branch, checkpoint = revision_picker(ws)
+    prompt = gr.Code(EXAMPLE_PROMPT, language="python", label="prompt", lines=6, interactive=True,
+                     elem_id="complete-prompt")
+    with gr.Row():
+        temperature = gr.Slider(0.0, 2.0, value=0.2, step=0.05, label="temperature (0 = greedy)")
+        top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="top-p")
+        max_new = gr.Slider(1, 512, value=128, step=1, label="max new tokens")
+        seed = gr.Number(0, precision=0, label="seed (-1 = random)")
+    button = gr.Button("Complete", variant="primary", elem_id="complete-button")
+    status = gr.Markdown(elem_id="complete-status")
+    # A Textbox, not gr.Code: Code strips leading/trailing whitespace, and the text must be exact.
+    output = gr.Textbox(label="prompt + completion (what HumanEval would execute)", lines=12, max_lines=40,
+                        interactive=False, elem_id="complete-output", elem_classes=["cp-code"])
+
+    @guarded(lambda line: ("", line))
+    def complete(prompt, branch, checkpoint, temperature, top_p, max_new_tokens, seed):
+        yield from stream_completion(ws, prompt, branch, checkpoint, temperature, top_p, max_new_tokens, seed)
+
+    button.click(complete, [prompt, branch, checkpoint, temperature, top_p, max_new, seed], [output, status],
+                 api_name="complete")

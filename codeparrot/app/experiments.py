@@ -1,0 +1,169 @@
+"""The Experiments tab (API `/experiments` and friends): branches, checkpoints, loss curves, side by side, promote.
+
+Endpoints: `/experiments` (branches, `main` first, with latest step and date), `/checkpoints` (a branch's
+commits), `/losses` (validation loss vs tokens seen for several branches on one plot), `/compare` (one prompt
+completed by two checkpoints) and `/promote` (a checkpoint becomes `main`; refused unless confirmed).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context
+from codeparrot.app.losses import computed_losses, logged_losses, plot_losses
+from codeparrot.app.pickers import branch_names, revision_picker
+from codeparrot.app.workspace import Workspace, guarded
+from codeparrot.errors import CodeParrotError
+from codeparrot.inference.completion import generate_completions
+
+BRANCH_HEADERS = ["branch", "latest step", "date", "commit"]
+CHECKPOINT_HEADERS = ["commit", "step", "date", "message"]
+
+
+def experiments_table(ws: Workspace) -> tuple[list[list], str]:
+    branches = ws.repository().list_branches()
+    rows = [[b.name, "" if b.latest_step is None else b.latest_step, b.date, b.commit_id[:12]] for b in branches]
+    return rows, f"{ws.ref}: {len(rows)} branch(es)"
+
+
+def checkpoints_table(ws: Workspace, branch: str) -> tuple[list[list], str]:
+    branch = (branch or "").strip() or "main"
+    commits = ws.repository().list_commits(branch)
+    rows = [[c.commit_id[:12], "" if c.step is None else c.step, c.date, c.message] for c in commits]
+    return rows, f"{branch}: {len(rows)} checkpoint(s), newest first"
+
+
+def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | None, max_eval_steps: float,
+                progress) -> tuple[str, str]:
+    """(PNG path, status): logged metrics per branch, or computed on `dataset` when one is given."""
+    if isinstance(branches, str):
+        branches = [branches]
+    branches = [b for b in (branches or []) if b and b.strip()]
+    if not branches:
+        raise CodeParrotError("choose at least one branch to plot")
+    points, missing = [], []
+    for branch in branches:
+        if dataset and dataset.strip():
+            points += computed_losses(ws, branch, dataset.strip(), int(max_eval_steps),
+                                      lambda f, what: progress(f, desc=what))
+            continue
+        try:
+            points += logged_losses(ws, branch)
+        except CodeParrotError as err:  # e.g. main, which no run logged: plot the others, say which are missing
+            if len(branches) == 1:
+                raise
+            missing.append(f"{branch} ({err})")
+    if not points:
+        raise CodeParrotError(f"no validation losses found for {', '.join(branches)}: " + "; ".join(missing))
+    png = Path(tempfile.mkdtemp(prefix="codeparrot-app-")) / "losses.png"
+    source = f"on {dataset.strip()}" if dataset and dataset.strip() else "as logged by the runs"
+    plot_losses(points, png, f"validation loss {source}")
+    skipped = f" · not plotted: {'; '.join(missing)}" if missing else ""
+    return str(png), f"{len(points)} point(s) ({source}){skipped}"
+
+
+def compare(ws: Workspace, prompt: str, branch_a: str, ckpt_a: str, branch_b: str, ckpt_b: str,
+            temperature: float, max_new_tokens: float, seed: float) -> tuple[str, str, str]:
+    """The same prompt completed by two checkpoints with the same sampling settings and seed."""
+    if prompt is None or not prompt.strip():
+        raise CodeParrotError("the prompt is empty; type the start of a function to complete")
+    ws.check_text(prompt, "prompt")
+    outs, labels = [], []
+    for branch, ckpt in ((branch_a, ckpt_a), (branch_b, ckpt_b)):
+        model, tokenizer, label = ws.model(branch, ckpt)
+        fitted = fit_to_context(model, tokenizer, prompt, int(max_new_tokens))
+        done = generate_completions(model, tokenizer, prompt, max_new_tokens=fitted,
+                                    temperature=float(temperature), seed=int(seed))[0]
+        outs.append(prompt + done.text)
+        labels.append(f"{label}: {done.num_tokens} tokens, ended by {done.stop_reason}")
+    return outs[0], outs[1], " · ".join(labels)
+
+
+def promote(ws: Workspace, branch: str, checkpoint: str, confirmed: bool) -> tuple[str, list[list]]:
+    """Promote the chosen checkpoint to `main` (only when `confirmed`); (status, refreshed branch rows)."""
+    if not confirmed:
+        raise CodeParrotError("not promoted: tick the confirmation box first (main will point to this checkpoint)")
+    branch, commit = ws.resolve(branch, checkpoint)
+    new = ws.repository().promote(commit)
+    rows, _ = experiments_table(ws)
+    return f"promoted {branch}@{commit[:12]} to main of {ws.ref}: new main commit {new[:12]}", rows
+
+
+def build_experiments_tab(ws: Workspace) -> list[tuple]:
+    """The tab's components and events; returns the (fn, inputs, outputs) to run when a page loads."""
+    import gradio as gr
+
+    gr.Markdown("Every branch is an experiment, every commit a checkpoint. `main` holds the promoted model.")
+    refresh = gr.Button("Refresh", elem_id="experiments-refresh", size="sm")
+    status = gr.Markdown(elem_id="experiments-status")
+    branches = gr.Dataframe(headers=BRANCH_HEADERS, label="branches", interactive=False, elem_id="experiments-branches")
+    with gr.Accordion("Checkpoints of a branch", open=True):
+        names = branch_names(ws)
+        chosen = gr.Dropdown(names, value=names[0] if names else None, label="branch", allow_custom_value=True,
+                             elem_id="checkpoints-branch")
+        checkpoints = gr.Dataframe(headers=CHECKPOINT_HEADERS, label="checkpoints (newest first)",
+                                   interactive=False, elem_id="experiments-checkpoints")
+    with gr.Accordion("Validation loss against tokens seen", open=True):
+        with gr.Row():
+            plotted = gr.Dropdown(names, value=names[:2], multiselect=True, allow_custom_value=True,
+                                  label="branches", elem_id="losses-branches")
+            dataset = gr.Textbox(label="validation folder (empty: the losses the runs logged)",
+                                 placeholder="e.g. demo_output/tokens/valid", elem_id="losses-dataset")
+            steps = gr.Number(4, precision=0, label="batches per checkpoint (on demand)")
+        plot_button = gr.Button("Plot", elem_id="losses-button")
+        plot = gr.Image(type="filepath", label="validation loss", elem_id="losses-plot", interactive=False)
+    with gr.Accordion("Two checkpoints, one prompt", open=True):
+        prompt = gr.Code(EXAMPLE_PROMPT, language="python", label="prompt", lines=4, elem_id="compare-prompt")
+        with gr.Row():
+            with gr.Column():
+                branch_a, ckpt_a = revision_picker(ws, "A: ")
+            with gr.Column():
+                branch_b, ckpt_b = revision_picker(ws, "B: ")
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature (0 = greedy)")
+            max_new = gr.Slider(1, 512, value=64, step=1, label="max new tokens")
+            seed = gr.Number(0, precision=0, label="seed")
+        compare_button = gr.Button("Complete with both", elem_id="compare-button")
+        with gr.Row():
+            out_a = gr.Textbox(label="A", lines=8, interactive=False, elem_id="compare-a", elem_classes=["cp-code"])
+            out_b = gr.Textbox(label="B", lines=8, interactive=False, elem_id="compare-b", elem_classes=["cp-code"])
+    with gr.Accordion("Promote a checkpoint to main", open=True):
+        gr.Markdown("Promoting adds a commit on `main` with exactly the files of the chosen checkpoint "
+                    "(nothing is deleted; the previous `main` stays in its history).")
+        branch_p, ckpt_p = revision_picker(ws, "promote: ")
+        confirm = gr.Checkbox(False, label="I confirm: main will point to this checkpoint", elem_id="promote-confirm")
+        promote_button = gr.Button("Promote to main", variant="stop", elem_id="promote-button")
+
+    def loaded(*outs):
+        return lambda line: (*outs, line)
+
+    @guarded(loaded([]))
+    def experiments():
+        return experiments_table(ws)
+
+    @guarded(loaded([]))
+    def list_checkpoints(branch):
+        return checkpoints_table(ws, branch)
+
+    @guarded(loaded(None))
+    def losses(branches, dataset, steps, progress=gr.Progress()):
+        return losses_plot(ws, branches, dataset, steps, progress)
+
+    @guarded(loaded("", ""))
+    def compare_both(prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed):
+        return compare(ws, prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed)
+
+    @guarded(lambda line: (line, gr.skip()))
+    def promote_checkpoint(branch, checkpoint, confirmed):
+        return promote(ws, branch, checkpoint, confirmed)
+
+    refresh.click(experiments, None, [branches, status], api_name="experiments")
+    chosen.change(list_checkpoints, chosen, [checkpoints, status], api_name="checkpoints")
+    plot_button.click(losses, [plotted, dataset, steps], [plot, status], api_name="losses")
+    compare_button.click(compare_both, [prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed],
+                         [out_a, out_b, status], api_name="compare")
+    promote_button.click(promote_checkpoint, [branch_p, ckpt_p, confirm], [status, branches], api_name="promote")
+    return [(experiments, None, [branches, status]), (list_checkpoints, chosen, [checkpoints, status])]
+
+

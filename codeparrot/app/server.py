@@ -1,0 +1,64 @@
+"""The app's page (four tabs) and its server: `build_app` makes the Blocks, `start` serves it without blocking.
+
+Everything Gradio could contact beyond loopback is off (`codeparrot.app.offline`); the server binds the given
+host (127.0.0.1 by default). Requests queue per event (Gradio's default, one at a time per button), and one
+request's failure is a one-line status in the page (`codeparrot.app.workspace.guarded`).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from codeparrot.app.complete import build_complete_tab
+from codeparrot.app.data import build_data_tab
+from codeparrot.app.experiments import build_experiments_tab
+from codeparrot.app.highlight import build_highlight_tab
+from codeparrot.app.offline import go_offline, launch_kwargs
+from codeparrot.app.workspace import Workspace
+from codeparrot.errors import CodeParrotError
+
+TITLE = "CodeParrot"
+CSS = ".cp-code textarea { font-family: ui-monospace, 'DejaVu Sans Mono', Menlo, monospace; font-size: 13px; }"
+
+
+def build_app(ws: Workspace):
+    """The Blocks page for `ws`: tabs Complete, Highlight, Experiments, Data."""
+    go_offline()
+    import gradio as gr
+
+    with gr.Blocks(title=f"{TITLE} · {ws.ref}", analytics_enabled=False) as demo:
+        gr.Markdown(f"# {TITLE}\nModel repository **`{ws.ref}`** — complete, highlight and compare its checkpoints.")
+        with gr.Tabs():
+            with gr.Tab("Complete", id="complete"):
+                build_complete_tab(ws)
+            with gr.Tab("Highlight", id="highlight"):
+                build_highlight_tab(ws)
+            with gr.Tab("Experiments", id="experiments"):
+                on_load = build_experiments_tab(ws)
+            with gr.Tab("Data", id="data"):
+                on_load += build_data_tab(ws)
+        for fn, inputs, outputs in on_load:
+            demo.load(fn, inputs, outputs, api_visibility="private")
+    return demo
+
+
+def check_port(host: str, port: int) -> None:
+    """A one-line error when `host:port` cannot be bound (in use, or not an address of this machine)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise CodeParrotError(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
+
+
+def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860):
+    """Serve the app in background threads; returns (blocks, local URL). `blocks.close()` stops it."""
+    if not 1 <= port <= 65535:
+        raise CodeParrotError(f"--port must be in 1..65535, got {port}")
+    check_port(host, port)
+    demo = build_app(ws)
+    demo.queue(default_concurrency_limit=1)
+    # Gradio refuses larger uploads before they reach a handler; the handler's own limit gives the message.
+    _, url, _ = demo.launch(**launch_kwargs(host, port), max_file_size=4 * ws.max_upload_bytes + 65536,
+                            css=CSS, allowed_paths=[])
+    return demo, url

@@ -1,0 +1,100 @@
+"""What every tab shares: the repository reference, the model cache, limits, and turning failures into one line.
+
+A request never raises into Gradio: `CodeParrotError` becomes its own message, anything else a one-line
+"internal error" (the traceback goes to the server's log, not the page), and the app keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from codeparrot.app.models import ModelCache
+from codeparrot.errors import CodeParrotError
+from codeparrot.repository.base import CheckpointRepository, validate_branch_name, validate_revision
+from codeparrot.repository.refs import open_repository
+
+logger = logging.getLogger("codeparrot.app")
+LATEST = "latest"  # the checkpoint choice meaning "the branch's newest commit"
+
+
+@dataclass
+class Workspace:
+    ref: str  # the repository: a local git repository path or a Hub id
+    revision: str | None = None  # the branch the pickers start on (default: main)
+    data_dir: Path | None = None  # a preprocess output folder (stats.json) for the Data tab
+    runs_dir: Path | None = None  # run folders named by branch, each with metrics.jsonl (pushed-metrics plot)
+    max_upload_bytes: int = 1_000_000  # pasted or uploaded code larger than this is refused
+    cache: ModelCache = field(default_factory=lambda: ModelCache(4 << 30))
+
+    def repository(self) -> CheckpointRepository:
+        """Opened per request (cheap), so an unreachable repository is a message, never a dead app."""
+        return open_repository(self.ref)
+
+    def resolve(self, branch: str | None, checkpoint: str | None) -> tuple[str, str]:
+        """(branch, full commit id) of a picker's choice; checkpoint empty or "latest" = the branch tip."""
+        branch = (branch or "").strip() or "main"
+        validate_branch_name(branch)
+        checkpoint = (checkpoint or "").strip()
+        revision = branch if checkpoint in ("", LATEST) else validate_revision(checkpoint)
+        return branch, self.repository().resolve_revision(revision)
+
+    def model(self, branch: str | None, checkpoint: str | None):
+        """(model, tokenizer, label) for a picker's choice, from the cache when already loaded."""
+        branch, commit = self.resolve(branch, checkpoint)
+        model, tokenizer = self.cache.get(self.ref, branch, commit)
+        return model, tokenizer, f"{branch}@{commit[:12]}"
+
+    def check_text(self, text: str | None, what: str) -> str:
+        """Non-empty text within the size limit, else a one-line error naming `what`."""
+        if text is None or not text.strip():
+            raise CodeParrotError(f"the {what} is empty; type or paste some code first")
+        size = len(text.encode("utf-8", errors="surrogatepass"))
+        if size > self.max_upload_bytes:
+            raise CodeParrotError(f"the {what} is {size:,} bytes, over the limit of {self.max_upload_bytes:,} bytes")
+        return text
+
+
+def error_line(err: BaseException) -> str:
+    """The one line a page shows for a failed request."""
+    if isinstance(err, CodeParrotError):
+        return f"error: {err}"
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"error: internal error ({type(err).__name__}{': ' + first[:200] if first else ''}); the app keeps serving"
+
+
+def guarded(on_error: Callable[[str], Any]):
+    """Decorate a handler (function or generator) so that any failure returns/yields `on_error(line)`."""
+
+    def wrap(fn):
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def gen(*args, **kwargs):
+                try:
+                    yield from fn(*args, **kwargs)
+                except Exception as err:  # noqa: BLE001 - one request's failure must not stop the app
+                    _log(err)
+                    yield on_error(error_line(err))
+            return gen
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - one request's failure must not stop the app
+                _log(err)
+                return on_error(error_line(err))
+        return call
+
+    return wrap
+
+
+def _log(err: BaseException) -> None:
+    if isinstance(err, CodeParrotError):
+        logger.info("request refused: %s", err)
+    else:
+        logger.exception("request failed")

@@ -1,0 +1,71 @@
+"""The data pipeline's settings: `PreprocessConfig`, from which scripts/preprocess.py's flags are generated.
+
+Kept apart from `codeparrot.data.preprocess` (the pipeline itself) so that `--help` and config checks do not
+load the pipeline's workers; `codeparrot.data.preprocess` re-exports both names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from codeparrot.config import REQUIRED, doc
+from codeparrot.data.filters import FilterConfig
+from codeparrot.errors import CodeParrotError
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's share), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+_CORES = available_cores()  # the default of --num-workers
+
+NEAR = "near deduplication (with --near-dedup)"
+FILTERS = "heuristic filters (CodeParrot's defaults; FIXED marks a corrected definition)"
+
+
+@dataclass
+class PreprocessConfig:
+    """Everything `preprocess` needs; scripts/preprocess.py's flags are generated from these fields."""
+
+    inputs: list[str] = doc(REQUIRED, "export files (.json/.jsonl, optionally .gz), directories (searched "
+                            "recursively) or globs; repeatable", flag="--input", extend=True, metavar="PATH_OR_GLOB")
+    output_dir: str = doc(REQUIRED, "output folder (replaced atomically at the end)")
+    near_dedup: bool = doc(False, "also remove near duplicates (MinHash LSH)")
+    num_workers: int = doc(_CORES, "worker processes for filtering, decontamination and MinHash; 0 runs everything "
+                           f"in this process; the output is identical for every value (default: {_CORES}, the core count)")
+    seed: int = doc(0, "seed of the random filters and MinHash: same seed, same output")
+    text_column: str = doc("content", "JSON key holding the file text")
+    strict: bool = doc(False, "stop with an error naming file:line at the first bad record instead of counting it")
+    valid_fraction: float = doc(0.01, "share of files in the valid split, chosen by content hash")
+    samples_per_file: int = doc(100_000, "records per shard")
+    tokenizer: str | None = doc(None, "tokenizer folder (AutoTokenizer.from_pretrained) for the characters-per-token "
+                                "filter; without it that filter is off")
+    decontaminate: bool = doc(True, "drop files containing a HumanEval problem's docstring or canonical solution "
+                              "(whitespace-insensitive; solutions under 40 non-space characters are skipped as not "
+                              "distinctive)")
+    num_perm: int = doc(256, "MinHash permutations", group=NEAR)
+    jaccard_threshold: float = doc(0.85, "estimated Jaccard similarity of identifier-token sets that links two files",
+                                   group=NEAR)
+    min_tokens: int = doc(10, "files with fewer identifier tokens are never clustered", group=NEAR)
+    compression_level: int = doc(6, "gzip level 0-9 of the shards")
+    progress: bool | None = doc(None, "no progress bars (without it: bars when stderr is a terminal)",
+                                flag="--no-progress", inverted=True)
+    chunk_files: int = doc(64, "a worker task closes at this many files ...", cli=False)
+    chunk_bytes: int = doc(1 << 20, "... or this many characters of text", cli=False)
+    filters: FilterConfig = doc(FilterConfig, "the heuristic filters", group=FILTERS)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.valid_fraction <= 1.0:
+            raise CodeParrotError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
+        if self.num_workers < 0:
+            raise CodeParrotError(f"--num-workers must be >= 0, got {self.num_workers}")
+        if not 0.0 < self.jaccard_threshold <= 1.0:
+            raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
+        if self.num_perm < 2 or self.min_tokens < 1:
+            raise CodeParrotError("--num-perm must be >= 2 and --min-tokens >= 1")
+        self.filters.validate()

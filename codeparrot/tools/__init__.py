@@ -1,0 +1,3 @@
+"""What is around the pipeline rather than in it: `make bench` (`bench.py` and its rows in `benchmarks/`),
+`make demo` (`demo.py`, `demo_summary.py`), the miniature training setup tests and benchmarks build
+(`toy_run.py`), and the PNG plots (`plots.py`)."""

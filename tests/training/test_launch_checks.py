@@ -1,0 +1,83 @@
+"""A launch whose processes do not form one job stops at once with one line (never two trainings in one run
+folder), and every process writes its warnings and errors to `<run>/logs/rank-N.log`."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from accelerate.utils import DistributedType
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.training.launch_checks import check_one_job, check_sharding
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp_launch_on_a_machine_without_gpus_stops_at_once_with_one_line(repo_root, scripts_env, tmp_path):
+    """The shipped FSDP config through the real `accelerate launch` on this CPU-only machine: Accelerate starts
+    2 processes that each run alone (DistributedType.NO); both refuse before writing anything."""
+    env = {**scripts_env, "OMP_NUM_THREADS": "1"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/fsdp.yaml",
+           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+           "scripts/train.py", "--config", "configs/train/tiny.yaml", "--output_dir", str(run_dir)]
+    done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=180, check=False)
+    everything = done.stdout + done.stderr
+    assert done.returncode != 0
+    errors = [line for line in everything.splitlines() if line.startswith("error: ")]
+    assert errors == [("error: the launcher started FSDP over 2 process(es) (WORLD_SIZE=2, ACCELERATE_USE_FSDP=true) "
+                      "but this process runs alone (NO, no process group): 2 independent trainings would write the "
+                      "same run folder. On a machine without a GPU launch with --cpu (use_cpu: true), without "
+                      "FSDP/DeepSpeed (they need GPUs under Accelerate here)")], everything
+    assert not run_dir.exists()  # stopped before the run folder was touched
+
+
+def test_processes_that_form_one_job_pass():
+    check_one_job(2, DistributedType.MULTI_CPU, {"WORLD_SIZE": "2"})
+    check_one_job(1, DistributedType.NO, {})  # a plain `python scripts/train.py`
+    check_sharding(DistributedType.FSDP, {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"})
+    check_sharding(DistributedType.MULTI_CPU, {"WORLD_SIZE": "2"})  # no sharding asked for
+
+
+def test_sharding_asked_for_and_dropped_is_refused():
+    with pytest.raises(CodeParrotError, match=r"asked for DEEPSPEED over 4 process\(es\) .* but the Accelerator "
+                                              r"runs MULTI_GPU \(not sharded\)"):
+        check_sharding(DistributedType.MULTI_GPU, {"WORLD_SIZE": "4", "ACCELERATE_USE_DEEPSPEED": "true"})
+    with pytest.raises(CodeParrotError, match="asked for FSDP over 1 process"):
+        check_sharding(DistributedType.NO, {"ACCELERATE_USE_FSDP": "true"})
+
+
+RANK_SCRIPT = """
+import logging, sys, warnings
+from codeparrot.training.rank_logs import open_rank_log
+print(open_rank_log(sys.argv[1], 3))
+warnings.warn("tracker wandb could not start")
+logging.getLogger("codeparrot.repository.pusher").warning("push 'step 5' failed (attempt 1/4)")
+logging.getLogger("codeparrot.training").info("not a warning: stays out of the rank log")
+raise RuntimeError("boom")
+"""
+
+
+def test_rank_log_holds_this_process_warnings_and_errors(tmp_path, scripts_env):
+    """A process (as rank 3 would) warns, logs a warning, and dies of an uncaught error: all three are in its
+    rank log, and the console shows what it showed without one."""
+    done = subprocess.run([sys.executable, "-c", RANK_SCRIPT, str(tmp_path / "run")], env=scripts_env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    path = tmp_path / "run" / "logs" / "rank-3.log"
+    assert done.returncode == 1 and done.stdout.strip() == str(path)
+    text = path.read_text()
+    assert "rank 3 WARNING py.warnings:" in text and "UserWarning: tracker wandb could not start" in text
+    assert "rank 3 WARNING codeparrot.repository.pusher: push 'step 5' failed" in text
+    assert "rank 3 ERROR uncaught: Traceback" in text and "RuntimeError: boom" in text
+    assert "not a warning" not in text
+    console = done.stderr
+    assert "UserWarning: tracker wandb could not start" in console and "push 'step 5' failed" in console
+    assert console.rstrip().endswith("RuntimeError: boom") and console.count("RuntimeError: boom") == 1
