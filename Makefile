@@ -35,7 +35,7 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(FIND_LINKS) $(TORCH_INDEX) "$(TORCH)"
-	$(PY) -m pip install --quiet $(FIND_LINKS) -e ".[dev]"
+	$(PY) -m pip install --quiet $(FIND_LINKS) -e ".[dev,distributed]"
 	touch $@
 
 install: $(VENV)/.installed

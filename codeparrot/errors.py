@@ -5,18 +5,40 @@ Library code raises `CodeParrotError("what went wrong, naming the file/line/key"
 traceback. Anything else (a real bug) still shows its traceback.
 
 Under a multi-process launcher (`accelerate launch --num_processes N`, torchrun) every process runs the same
-checks and fails the same way; only the main process (RANK 0) prints the line, so it appears once.
+checks and fails the same way; only the main process (RANK 0) prints the line, so it appears once. The
+launcher's own failure report comes after it; `scripts/launch.py` (accelerate's launcher, run in-process)
+replaces that report so the `error:` line stays the last thing printed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Callable
+
+# The exit status of a reported user error; `codeparrot.training.launcher` recognises it in a failed process.
+USER_ERROR_EXIT = 2
+# Set by `scripts/launch.py` for the processes it starts: the launcher prints the `error:` line itself, once, after
+# every process has exited (read from torch elastic's per-process error file), so the processes don't.
+LAUNCHER_REPORTS_ENV = "CODEPARROT_LAUNCHER_REPORTS"
 
 
 class CodeParrotError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
+
+
+# Called with the `error: ...` line on EVERY process when run_cli reports a CodeParrotError, also on the
+# non-main ranks that do not print it (codeparrot.training.rank_logs writes it to <run>/logs/rank-N.log).
+_error_listeners: list[Callable[[str], None]] = []
+
+
+def add_error_listener(listener: Callable[[str], None]) -> None:
+    """Have `listener(line)` called with each reported `error: ...` line, on every process (idempotent)."""
+    if listener not in _error_listeners:
+        _error_listeners.append(listener)
 
 
 def run_cli(main: Callable[[], int | None]) -> None:
@@ -24,13 +46,37 @@ def run_cli(main: Callable[[], int | None]) -> None:
     try:
         code = main()
     except CodeParrotError as err:
-        if is_main_launched_process():
+        for listener in list(_error_listeners):
+            try:
+                listener(f"error: {err}")
+            except Exception:  # noqa: BLE001 - recording the error must never hide it
+                pass
+        recorded = _record_for_launcher(f"error: {err}")
+        if is_main_launched_process() and not (recorded and os.environ.get(LAUNCHER_REPORTS_ENV) == "1"):
             print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(USER_ERROR_EXIT)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)
+
+
+def _record_for_launcher(line: str) -> bool:
+    """Write the error into torch elastic's error file for this process, when its launcher gave one.
+
+    torch's launcher stops the other processes as soon as one fails: the main process may be stopped before it
+    prints. The file lets the launcher show the message anyway (`scripts/launch.py` prints it; plain
+    `accelerate launch` shows it in its report). Same JSON shape as torch's own `@record` handler.
+    Returns whether the file was written."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return False
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:  # not codeparrot.atomic_io (it imports this module); the launcher reads the file after this process exits
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+    except OSError:
+        return False  # then the main process prints it
+    return True
 
 
 def is_main_launched_process() -> bool:

@@ -104,7 +104,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 32768, length: int |
         vocab_size=vocab_size,
         special_tokens=[EOS_TOKEN],  # id 0
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 byte symbols
-        show_progress=show_progress,
+        # The Rust trainer's bars print only blank lines where stderr is not a terminal (a log file).
+        show_progress=show_progress and sys.stderr.isatty(),
     )
     counted = _CountingIterator(texts, length)
     start = time.perf_counter()

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stats = preprocess(cfg)
     print(format_summary(stats))
+    for warning in stats["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {cfg.output_dir}/train ({stats['kept_train']} files), {cfg.output_dir}/valid "
           f"({stats['kept_valid']} files), stats.json" + (", duplicate_clusters.json" if cfg.near_dedup else ""))
     return 0

@@ -11,11 +11,12 @@ import tempfile
 from pathlib import Path
 
 from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context
-from codeparrot.app.losses import computed_losses, logged_losses, plot_losses
+from codeparrot.app.losses import computed_losses, logged_losses
 from codeparrot.app.pickers import branch_names, revision_picker
 from codeparrot.app.workspace import Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.inference.completion import generate_completions
+from codeparrot.tools.plots import plot_losses
 
 BRANCH_HEADERS = ["branch", "latest step", "date", "commit"]
 CHECKPOINT_HEADERS = ["commit", "step", "date", "message"]
@@ -42,24 +43,29 @@ def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | 
     branches = [b for b in (branches or []) if b and b.strip()]
     if not branches:
         raise CodeParrotError("choose at least one branch to plot")
-    points, missing = [], []
+    points, missing, measured = [], [], []
     for branch in branches:
         if dataset and dataset.strip():
-            points += computed_losses(ws, branch, dataset.strip(), int(max_eval_steps),
-                                      lambda f, what: progress(f, desc=what))
-            continue
-        try:
-            points += logged_losses(ws, branch)
-        except CodeParrotError as err:  # e.g. main, which no run logged: plot the others, say which are missing
-            if len(branches) == 1:
-                raise
-            missing.append(f"{branch} ({err})")
+            branch_points, measured_on = computed_losses(ws, branch, dataset.strip(), int(max_eval_steps),
+                                                         lambda f, what: progress(f, desc=what))
+        else:
+            try:
+                branch_points, measured_on = logged_losses(ws, branch)
+            except CodeParrotError as err:  # e.g. main, which no run logged: plot the others, say which are missing
+                if len(branches) == 1:
+                    raise
+                missing.append(f"{branch} ({err})")
+                continue
+        points += branch_points
+        measured.append(f"{branch}: {measured_on}" if len(branches) > 1 else measured_on)
     if not points:
         raise CodeParrotError(f"no validation losses found for {', '.join(branches)}: " + "; ".join(missing))
     png = Path(tempfile.mkdtemp(prefix="codeparrot-app-")) / "losses.png"
-    source = f"on {dataset.strip()}" if dataset and dataset.strip() else "as logged by the runs"
-    plot_losses(points, png, f"validation loss {source}")
+    source = f"on {dataset.strip()}" if dataset and dataset.strip() else "as pushed/logged by the runs"
+    measured_on = "; ".join(m for m in measured if m)
+    plot_losses(points, png, f"validation loss {source}", measured_on=measured_on)
     skipped = f" · not plotted: {'; '.join(missing)}" if missing else ""
+    source += f", measured on {measured_on}" if measured_on else ""
     return str(png), f"{len(points)} point(s) ({source}){skipped}"
 
 
@@ -85,9 +91,13 @@ def promote(ws: Workspace, branch: str, checkpoint: str, confirmed: bool) -> tup
     if not confirmed:
         raise CodeParrotError("not promoted: tick the confirmation box first (main will point to this checkpoint)")
     branch, commit = ws.resolve(branch, checkpoint)
-    new = ws.repository().promote(commit)
+    repo = ws.repository()
+    before = repo.list_commits("main")[:1]
+    new = repo.promote(commit)
     rows, _ = experiments_table(ws)
-    return f"promoted {branch}@{commit[:12]} to main of {ws.ref}: new main commit {new[:12]}", rows
+    held = f"{before[0].commit_id[:12]} ({before[0].message})" if before else "nothing"
+    return (f"promoted {branch}@{commit[:12]} to main of {ws.ref}: new main commit {new[:12]}; main held {held} "
+            f"before"), rows
 
 
 def build_experiments_tab(ws: Workspace) -> list[tuple]:

@@ -8,14 +8,19 @@ request's failure is a one-line status in the page (`codeparrot.app.workspace.gu
 from __future__ import annotations
 
 import socket
+import threading
+from pathlib import Path
 
 from codeparrot.app.complete import build_complete_tab
+from codeparrot.app.config import AppConfig
 from codeparrot.app.data import build_data_tab
 from codeparrot.app.experiments import build_experiments_tab
 from codeparrot.app.highlight import build_highlight_tab
+from codeparrot.app.models import ModelCache
 from codeparrot.app.offline import go_offline, launch_kwargs
 from codeparrot.app.workspace import Workspace
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.model import resolve_device
 
 TITLE = "CodeParrot"
 CSS = ".cp-code textarea { font-family: ui-monospace, 'DejaVu Sans Mono', Menlo, monospace; font-size: 13px; }"
@@ -62,3 +67,18 @@ def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860):
     _, url, _ = demo.launch(**launch_kwargs(host, port), max_file_size=4 * ws.max_upload_bytes + 65536,
                             css=CSS, allowed_paths=[])
     return demo, url
+
+
+def serve(cfg: AppConfig) -> None:
+    """scripts/app.py: serve the app for `cfg.model` until interrupted (Ctrl-C)."""
+    resolve_device(cfg.device)  # an unavailable device is an error now, not on the first request
+    ws = Workspace(cfg.model, revision=cfg.revision, data_dir=Path(cfg.data_dir) if cfg.data_dir else None,
+                   runs_dir=Path(cfg.runs_dir) if cfg.runs_dir else None,
+                   max_upload_bytes=cfg.max_upload_kb * 1000,
+                   cache=ModelCache(int(cfg.cache_gb * 2**30), device=cfg.device))
+    demo, url = start(ws, cfg.host, cfg.port)
+    print(f"CodeParrot app for {cfg.model} at {url} (Ctrl-C stops it)", flush=True)
+    try:
+        threading.Event().wait()
+    finally:
+        demo.close()

@@ -31,6 +31,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_dir
+from codeparrot.config import REQUIRED, doc
 from codeparrot.data.shards import ShardWriter, ensure_replaceable
 from codeparrot.errors import CodeParrotError
 
@@ -163,3 +164,36 @@ def _write_files(files: list[SourceFile], writer: ShardWriter, stats: ExportStat
         if stats.files_written % 256 == 0:
             bar.set_postfix_str(f"{stats.bytes_written / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
     bar.close()
+
+
+@dataclass
+class ExportConfig:
+    """scripts/export_local.py: which source trees become a BigQuery-format export, and its shard layout."""
+
+    output_dir: str = doc(REQUIRED, "folder for the gzip JSONL shards (replaced atomically)")
+    src_dirs: list[str] = doc([], "source trees to export; each is one repository named after its folder "
+                                  f"(default: the standard library, {default_source()})",
+                              flag="src_dirs", nargs="*", metavar="SRC_DIR")
+    samples_per_file: int = doc(100_000, "records per shard")
+    extension: str = doc(".py", "file name suffix to export")
+    min_size: int = doc(MIN_SIZE, "smallest file in bytes")
+    max_size: int = doc(MAX_SIZE, "files must be smaller than this many bytes")
+    repo_per_subfolder: bool = doc(False, "treat each top-level subfolder of a SRC_DIR as its own repository (e.g. "
+                                          "the packages of a site-packages folder, or a folder of cloned "
+                                          "repositories)")
+    compression_level: int = doc(6, "gzip level 0-9 of the shards")
+    progress: bool | None = doc(None, "no progress bar", flag="--no-progress", inverted=True)
+
+
+def run_export(cfg: ExportConfig) -> ExportStats:
+    """scripts/export_local.py: `export_local` with `cfg`, then a summary line and the skip counts."""
+    stats = export_local(cfg.src_dirs or None, cfg.output_dir, samples_per_file=cfg.samples_per_file,
+                         suffix=cfg.extension, min_size=cfg.min_size, max_size=cfg.max_size,
+                         repo_per_subfolder=cfg.repo_per_subfolder, compresslevel=cfg.compression_level,
+                         progress=cfg.progress)
+    rate = stats.files_written / max(stats.seconds, 1e-9)
+    print(f"exported {stats.files_written} files ({stats.bytes_written / 1e6:.1f} MB) into {len(stats.shards)} "
+          f"shard(s) under {cfg.output_dir} in {stats.seconds:.1f}s ({rate:.0f} files/s)")
+    for reason, count in sorted(stats.skipped.items()):
+        print(f"  skipped {count} ({reason})")
+    return stats

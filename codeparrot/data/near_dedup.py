@@ -48,25 +48,21 @@ def identifier_tokens(text: str) -> list[bytes]:
     return text.encode("utf-8", "surrogatepass").translate(_TOKEN_BYTES).split()
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    """murmur3's 32-bit finalizer (a bijection, so no new collisions): destroys the near-linear structure
-    that multiply-shift leaves between similar tokens, which would bias the linear MinHash functions."""
-    h = h.astype(np.uint32, copy=True)
-    h ^= h >> np.uint32(16)
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
-    return h
+# murmur3's finalizers (bijections, so no new collisions): (dtype, shifts, multipliers).
+_FMIX32 = (np.uint32, (16, 13, 16), (0x85EBCA6B, 0xC2B2AE35))
+_FMIX64 = (np.uint64, (33, 33, 33), (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53))
 
 
-def _fmix64(h: np.ndarray) -> np.ndarray:
-    """murmur3's 64-bit finalizer, in place."""
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xFF51AFD7ED558CCD)
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xC4CEB9FE1A85EC53)
-    h ^= h >> np.uint64(33)
+def _fmix(h: np.ndarray, params=_FMIX64) -> np.ndarray:
+    """murmur3's finalizer, in place (`h` must already have the params' dtype). The 32-bit one destroys the
+    near-linear structure that multiply-shift leaves between similar tokens, which would bias the linear MinHash
+    functions; the 64-bit one mixes the folded word hashes."""
+    dtype, (s1, s2, s3), (m1, m2) = params
+    h ^= h >> dtype(s1)
+    h *= dtype(m1)
+    h ^= h >> dtype(s2)
+    h *= dtype(m2)
+    h ^= h >> dtype(s3)
     return h
 
 
@@ -88,12 +84,12 @@ def _token_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     h = words[starts] & _LOW_BYTES[np.minimum(lengths, 8)]  # [T] uint64
     long = np.flatnonzero((lengths > 8) & (lengths <= _LONG_TOKEN))
     if len(long):
-        folded = _fmix64(h[long] ^ (lengths[long].astype(np.uint64) << np.uint64(56)))
+        folded = _fmix(h[long] ^ (lengths[long].astype(np.uint64) << np.uint64(56)))
         offset, sub = 8, np.arange(len(long))
         while len(sub):
             rest = lengths[long[sub]] - offset
             word = words[starts[long[sub]] + offset] & _LOW_BYTES[np.minimum(rest, 8)]
-            folded[sub] = _fmix64(folded[sub] ^ word)
+            folded[sub] = _fmix(folded[sub] ^ word)
             offset, sub = offset + 8, sub[rest > 8]
         h[long] = folded
     for i in np.flatnonzero(lengths > _LONG_TOKEN).tolist():
@@ -146,7 +142,7 @@ class MinHasher:
 
     def _permuted(self, base: np.ndarray) -> np.ndarray:
         """[V, num_perm] uint32, contiguous: every hash function applied to every token hash in `base`."""
-        x = _fmix32(base).astype(np.uint64)[:, None]  # [V, 1]
+        x = _fmix(base.astype(np.uint32, copy=True), _FMIX32).astype(np.uint64)[:, None]  # [V, 1]
         out = np.empty((len(base), self.num_perm), dtype=np.uint32)
         step = 256  # [256, P] uint64 scratch stays in cache
         scratch = np.empty((min(step, len(base)), self.num_perm), dtype=np.uint64)

@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from array import array
 from collections import Counter, deque
@@ -36,10 +37,11 @@ from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
 from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
-from codeparrot.data.filters import REASONS, TextFilter, TokenCounter
+from codeparrot.data.filters import REASONS, SWITCHES, TextFilter, TokenCounter
+from codeparrot.data.hub_input import HubInput, iter_input_records, resolve_inputs
 from codeparrot.data.near_dedup import find_clusters
-from codeparrot.data.preprocess_config import PreprocessConfig, available_cores  # noqa: F401 (re-exported)
-from codeparrot.data.records import FILE_LEVEL_REASONS, BadRecords, iter_raw_records, resolve_data_files
+from codeparrot.data.preprocess_config import PreprocessConfig, available_cores
+from codeparrot.data.records import FILE_LEVEL_REASONS, BadRecords
 from codeparrot.data.shards import ShardWriter, ensure_replaceable
 from codeparrot.errors import CodeParrotError
 
@@ -80,8 +82,12 @@ class ChunkWorker:
 _WORKER: ChunkWorker | None = None
 
 
-def _init_worker(worker: ChunkWorker) -> None:
+def _init_worker(worker: ChunkWorker, threads: int) -> None:
     global _WORKER
+    # The tokenizer's Rust thread pool (batched encoding of the files the word counts do not cover) gets this
+    # worker's share of the cores: N workers x all-core pools would oversubscribe the machine. Read when the pool
+    # starts, i.e. at this process's first batch.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER = worker
@@ -173,7 +179,7 @@ class _Sink:
         self.totals.bytes_out += nbytes
 
 
-def _pass1(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sink, submit, totals: _Totals) -> int:
+def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, submit, totals: _Totals) -> int:
     """Read, exact-dedup (here, in input order), then filter, decontaminate and sign (in the workers); returns
     the bytes the exact-dedup index holds."""
     seen = DigestSet()
@@ -203,7 +209,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sin
         bar.update(len(chunk))
         bar.set_postfix_str(f"{totals.bytes_in / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
 
-    records = iter_raw_records(paths, cfg.text_column, bad)
+    records = iter_input_records(paths, cfg.text_column, bad)
     while True:
         t = time.thread_time()
         chunk, size = [], 0  # (raw line, text, location), closed at chunk_files files or chunk_bytes characters
@@ -235,7 +241,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sin
     return seen.nbytes
 
 
-def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path], totals: _Totals) -> dict:
+def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubInput], totals: _Totals) -> dict:
     """Cluster the spooled survivors' signatures, then copy the spool to the shards without the near duplicates.
     Returns the content of `duplicate_clusters.json`."""
 
@@ -279,7 +285,7 @@ def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path], tota
             "clusters": [[members[int(r)] for r in c] for c in clusters]}
 
 
-def _stats(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, totals: _Totals, index_bytes: int,
+def _stats(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, totals: _Totals, index_bytes: int,
            clusters: dict | None, shards: dict[str, list[Path]]) -> dict[str, Any]:
     """stats.json. `seconds` per stage are CPU seconds, so they do not depend on other jobs sharing the machine:
     read, exact_dedup and clustering of the main thread, write of the main thread plus the compression thread,
@@ -293,6 +299,9 @@ def _stats(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, totals: _T
         near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 18}
     filters = vars(cfg.filters)
     unique = totals.valid_records - totals.exact_duplicates
+    # Filters that did not run, and why: a filter that is off must say so, never look like it removed nothing.
+    off = {r: "no --tokenizer" if getattr(cfg.filters, SWITCHES[r]) else f"--no-{SWITCHES[r].replace('_', '-')}"
+           for r in REASONS if r not in enabled}
     return {
         "input_records": totals.valid_records + sum(c for r, c in bad.counts.items() if r not in FILE_LEVEL_REASONS),
         "valid_records": totals.valid_records,
@@ -300,6 +309,7 @@ def _stats(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, totals: _T
         "bad_record_examples": dict(sorted(bad.first.items())),
         "exact_duplicates": totals.exact_duplicates,
         "filtered": {r: totals.filtered[r] for r in REASONS if r in enabled or totals.filtered[r]},
+        "filters_off": off,
         "decontaminated": sum(totals.decontaminated.values()),
         "decontaminated_by_source": dict(sorted(totals.decontaminated.items())),
         "near_duplicates": totals.near_duplicates,
@@ -313,17 +323,31 @@ def _stats(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, totals: _T
         "files_per_second": {k: round(totals.files[k] / v, 1) for k, v in secs.items() if k in totals.files},
         "mb_per_second": {k: round(totals.bytes[k] / 1e6 / v, 2) for k, v in secs.items() if k in totals.bytes},
         "index_bytes_per_file": {"exact_dedup": round(index_bytes / max(unique, 1), 2), **near_index},
+        "warnings": _warnings(cfg, totals),
         "shards": {split: [p.name for p in files] for split, files in shards.items()},
         "inputs": [str(p) for p in paths],
         "config": {k: v for k, v in vars(cfg).items() if k not in ("filters", "progress")} | {"filters": filters},
     }
 
 
+def _warnings(cfg: PreprocessConfig, totals: _Totals) -> list[str]:
+    """Problems the run can finish with but a user must hear about now, not at training time."""
+    out = []
+    if totals.kept["valid"] == 0 and cfg.valid_fraction > 0:
+        kept = totals.kept["train"]
+        out.append(f"the valid split is empty: {kept:,} kept file(s) x --valid-fraction {cfg.valid_fraction} "
+                   f"~ {kept * cfg.valid_fraction:.2f} expected; a training run given --data.valid on it has no "
+                   "validation data (raise --valid-fraction or add input)")
+    return out
+
+
 def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     """Run the whole pipeline into `cfg.output_dir` (atomically); returns the stats also saved as stats.json."""
     cfg.validate()
     start = time.perf_counter()
-    paths = resolve_data_files(cfg.inputs)
+    paths = resolve_inputs(cfg.inputs, cfg.dataset_id, cfg.split, cfg.revision)  # files and Hub datasets, in order
+    if cfg.engine == "ray" and any(isinstance(p, HubInput) for p in paths):
+        raise CodeParrotError("Hub dataset inputs (--dataset-id, hf://datasets/...) are read with --engine local")
     out = Path(cfg.output_dir)
     ensure_replaceable(out, OUTPUT_ENTRIES, "a preprocess output")
     if cfg.tokenizer:
@@ -339,6 +363,10 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
         minhasher = MinHasher(cfg.num_perm, cfg.seed, cfg.min_tokens)
     totals, bad = _Totals(), BadRecords(strict=cfg.strict)
     worker = ChunkWorker(cfg, decontaminator, minhasher)
+    if cfg.engine == "ray":  # the same per-record work, scheduled by Ray Data
+        from codeparrot.data.ray_engine import preprocess_on_ray
+
+        return preprocess_on_ray(cfg, paths, worker, out, start)
     with atomic_dir(out) as tmp:
         sink = _Sink(cfg, tmp, totals)
         try:
@@ -349,10 +377,25 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     return stats
 
 
-def _run(cfg: PreprocessConfig, paths: list[Path], bad: BadRecords, sink: _Sink, worker: ChunkWorker,
+def _start_pool(num_workers: int, worker: ChunkWorker, threads: int):
+    """The worker processes, forked while SIGTERM is at its default: `terminate()` must kill a worker even before
+    its initializer runs, where a Python handler inherited from this process (Ray's driver installs one) would
+    run there instead and could hang it. None for num_workers 0 (work in this process)."""
+    if not num_workers:
+        return None
+    in_main = threading.current_thread() is threading.main_thread()  # signal.signal works only there
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if in_main else None
+    try:
+        return multiprocessing.get_context().Pool(num_workers, _init_worker, (worker, threads))
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, worker: ChunkWorker,
          totals: _Totals, tmp: Path, start: float) -> dict[str, Any]:
     """Both passes into the temporary folder `tmp`; returns the stats."""
-    pool = multiprocessing.get_context().Pool(cfg.num_workers, _init_worker, (worker,)) if cfg.num_workers else None
+    pool = _start_pool(cfg.num_workers, worker, max(1, available_cores() // max(cfg.num_workers, 1)))
     submit = (lambda task: pool.apply_async(_run_chunk, (task,))) if pool else (lambda task: _Done(worker(*task)))
     try:
         index_bytes = _pass1(cfg, paths, bad, sink, submit, totals)
@@ -389,13 +432,15 @@ def format_summary(stats: dict[str, Any]) -> str:
     rows = [(f"bad records: {r}", c) for r, c in stats["bad_records"].items()]
     rows.append(("exact duplicates", stats["exact_duplicates"]))
     rows += [(f"filtered: {r}", c) for r, c in stats["filtered"].items()]
+    rows += [(f"filtered: {r} (OFF: {why})", None) for r, why in stats.get("filters_off", {}).items()]
     rows.append(("HumanEval decontamination", stats["decontaminated"]))
     if stats["config"]["near_dedup"]:
         rows.append((f"near duplicates ({stats['near_duplicate_clusters']} clusters)", stats["near_duplicates"]))
     rows += [("kept: train", stats["kept_train"]), ("kept: valid", stats["kept_valid"])]
     total, width = max(stats["input_records"], 1), max(len(name) for name, _ in rows) + 2
     lines = [f"  {'':<{width}}{'files':>9}  {'share':>6}"]
-    lines += [f"  {name:<{width}}{count:>9,}  {100 * count / total:5.1f}%" for name, count in rows]
+    lines += [f"  {name:<{width}}{count:>9,}  {100 * count / total:5.1f}%" if count is not None
+              else f"  {name:<{width}}{'-':>9}" for name, count in rows]
     lines.append(f"  {'input records':<{width}}{stats['input_records']:>9,}  -> "
                  f"{stats['kept_train'] + stats['kept_valid']:,} kept; {stats['bytes_in'] / 1e6:.1f} MB in, "
                  f"{stats['bytes_out'] / 1e6:.1f} MB out")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 
-from codeparrot.config import REQUIRED, doc
+from codeparrot.config import doc
 from codeparrot.data.filters import FilterConfig
 from codeparrot.errors import CodeParrotError
 
@@ -32,9 +33,16 @@ FILTERS = "heuristic filters (CodeParrot's defaults; FIXED marks a corrected def
 class PreprocessConfig:
     """Everything `preprocess` needs; scripts/preprocess.py's flags are generated from these fields."""
 
-    inputs: list[str] = doc(REQUIRED, "export files (.json/.jsonl, optionally .gz), directories (searched "
-                            "recursively) or globs; repeatable", flag="--input", extend=True, metavar="PATH_OR_GLOB")
-    output_dir: str = doc(REQUIRED, "output folder (replaced atomically at the end)")
+    inputs: list[str] = doc([], "export files (.json/.jsonl, optionally .gz), directories (searched recursively), "
+                            "globs, or a Hub dataset hf://datasets/OWNER/NAME (streamed); repeatable, read in order",
+                            flag="--input", extend=True, metavar="PATH_OR_GLOB")
+    # A default only so that `inputs` (optional with --dataset-id) may come first; the flag stays required.
+    output_dir: str = doc("", "output folder (replaced atomically at the end)", required=True)
+    dataset_id: str | None = doc(None, "a dataset repository to stream (with `datasets`, nothing downloaded whole) "
+                                 "after the --input files: a Hub id such as codeparrot/codeparrot, or a local dataset "
+                                 "repository folder", metavar="ID")
+    split: str = doc("train", "split of the Hub datasets (--dataset-id, hf://datasets/...) to read")
+    revision: str | None = doc(None, "branch, tag or commit of the Hub datasets (default: the main branch)")
     near_dedup: bool = doc(False, "also remove near duplicates (MinHash LSH)")
     num_workers: int = doc(_CORES, "worker processes for filtering, decontamination and MinHash; 0 runs everything "
                            f"in this process; the output is identical for every value (default: {_CORES}, the core count)")
@@ -55,11 +63,23 @@ class PreprocessConfig:
     compression_level: int = doc(6, "gzip level 0-9 of the shards")
     progress: bool | None = doc(None, "no progress bars (without it: bars when stderr is a terminal)",
                                 flag="--no-progress", inverted=True)
+    engine: Literal["local", "ray"] = doc("local", "where the work runs: local (a process pool on this machine) or ray "
+                                          "(Ray Data, pip install codeparrot[distributed]); the output is identical")
+    ray_address: str | None = doc(None, "with --engine ray: join this Ray cluster (e.g. 10.0.0.1:6379 or auto) instead "
+                                  "of starting a local Ray with --num-workers CPUs; --output-dir must then be on "
+                                  "storage every node can write", metavar="ADDR")
+    ray_blocks: int | None = doc(None, "with --engine ray: split the records into this many Ray blocks (default: "
+                                 "Ray's own blocking); the output is identical for every value", cli=False)
     chunk_files: int = doc(64, "a worker task closes at this many files ...", cli=False)
     chunk_bytes: int = doc(1 << 20, "... or this many characters of text", cli=False)
     filters: FilterConfig = doc(FilterConfig, "the heuristic filters", group=FILTERS)
 
     def validate(self) -> None:
+        if not self.output_dir:
+            raise CodeParrotError("--output-dir is required")
+        if not self.inputs and not self.dataset_id:
+            raise CodeParrotError("no input: give --input PATH_OR_GLOB (repeatable), --input hf://datasets/OWNER/NAME "
+                                  "or --dataset-id ID")
         if not 0.0 <= self.valid_fraction <= 1.0:
             raise CodeParrotError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
         if self.num_workers < 0:
@@ -68,4 +88,8 @@ class PreprocessConfig:
             raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
         if self.num_perm < 2 or self.min_tokens < 1:
             raise CodeParrotError("--num-perm must be >= 2 and --min-tokens >= 1")
+        if self.ray_address is not None and self.engine != "ray":
+            raise CodeParrotError("--ray-address needs --engine ray")
+        if self.ray_blocks is not None and self.ray_blocks < 1:
+            raise CodeParrotError(f"ray_blocks must be >= 1, got {self.ray_blocks}")
         self.filters.validate()

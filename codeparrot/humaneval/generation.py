@@ -199,9 +199,9 @@ def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
         raise CodeParrotError(f"{meta_file}: not a JSON object; remove it to start the samples afresh")
     diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items() if old.get(k) != v]
     if diff:
-        raise CodeParrotError(f"{meta_file.with_suffix('')} holds samples made with other settings "
-                              f"({'; '.join(diff)}); use the same settings to resume, another --samples-file, "
-                              f"or remove it")
+        raise CodeParrotError(f"{samples_file} holds samples made with other settings ({'; '.join(diff)}); "
+                              f"they are recorded in {meta_file}; use the same settings to resume, another "
+                              f"--samples-file, or remove both files")
 
 
 def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samples_file: Path):
@@ -236,7 +236,7 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     todo = sum(1 for b in plan_batches(problems, cfg, rank, world) for t, i in b.rows
                if (problems[t]["task_id"], float(b.temperature), i) not in done)
     bar = tqdm(total=todo, unit="sample", desc=f"generate (rank {rank}/{world})", dynamic_ncols=True,
-               disable=not config.progress or not accelerator.is_local_main_process)
+               disable=True if not config.progress or not accelerator.is_local_main_process else None)
     counted = {"tokens": 0, "start": time.perf_counter()}
 
     def progress(samples: int, tokens: int) -> None:

@@ -95,7 +95,8 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
     with Sandbox(config, num_workers=num_workers) as sandbox:
         layers = sandbox.start()
         num_workers = sandbox.num_workers
-        bar = tqdm(total=len(programs), unit="prog", desc="execute", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(total=len(programs), unit="prog", desc="execute", disable=None if progress else True,
+                   dynamic_ncols=True)  # None: no bar where stderr is not a terminal (a log file)
         results = sandbox.run(programs, on_result=lambda i, r: bar.update(1))
         bar.close()
     seconds = time.perf_counter() - start
@@ -160,7 +161,7 @@ def score_command(config: HumanEvalConfig, samples_file: Path) -> str:
         cmd += ["--num-tasks", str(config.num_tasks)]
     if config.allow_missing_tasks:
         cmd += ["--allow-missing-tasks"]
-    return f"{ALLOW_ENV}=1 " + shlex.join(cmd)
+    return shlex.join(cmd)  # --allow-code-execution is the one opt-in; the variable would ask a second time
 
 
 def run(config: HumanEvalConfig) -> int:
@@ -208,7 +209,8 @@ def run(config: HumanEvalConfig) -> int:
             file = samples_path(config)
             atomic_write_text(file, "".join(json.dumps(s) + "\n" for s in samples))
         print(f"{len(samples)} samples saved in {file}; nothing was executed. Model-generated code runs only "
-              f"with an explicit opt-in, in the sandbox. To score them:\n  {score_command(config, file)}")
+              f"with an explicit opt-in (--allow-code-execution or {ALLOW_ENV}=1), in the sandbox. To score "
+              f"them:\n  {score_command(config, file)}")
         return 0
     scored = score(problems, samples, sandbox_cfg, config.num_workers, config.k,
                    log_file=Path(config.output).with_name(Path(config.output).stem + ".executions.jsonl"),

@@ -11,6 +11,7 @@ plus an optional revision), as everywhere else.
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -18,11 +19,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+import transformers
 from transformers.generation.streamers import BaseStreamer
 
+from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, truncate_completion
-from codeparrot.repository.model import model_context
+from codeparrot.inference.config import GenerateConfig
+from codeparrot.repository.model import load_model_and_tokenizer, model_context
 
 # Decoding must be exact for code: no "clean up" of spaces before punctuation (" ." -> "."), which some
 # GPT-2 tokenizer configs enable by default and which would silently rewrite `a .b` or `x , y`.
@@ -236,3 +240,49 @@ def format_samples(prompt_text: str, completions: Sequence[Completion], start: i
         body = prompt_text + c.text
         blocks.append(f"{header}\n{body}" + ("" if body.endswith("\n") else "\n"))
     return "\n".join(blocks)
+
+
+def run_generate(cfg: GenerateConfig) -> list[Completion]:
+    """scripts/generate.py: complete `cfg`'s prompt, streaming sample 1 live unless `cfg.quiet`; the summary
+    (tokens/s, seed, why each sample ended) goes to stderr and, with `cfg.output`, everything to a JSON file."""
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar between prompt and output
+    prompt = read_prompt(cfg.prompt, cfg.prompt_file)
+    seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.revision, cfg.device)
+    shown_prompt = prompt.strip() if cfg.strip_prompt else prompt
+    n = cfg.num_return_sequences
+
+    streamer = None
+    if not cfg.quiet:  # the streamer shows the header and prompt once generation really starts
+        header = f"──── sample 1/{n} (live) ────\n" if n > 1 else ""
+        streamer = CompletionStreamer(tokenizer, stop=cfg.stop, prefix=header + shown_prompt)
+    completions, seconds = timed_generation(lambda: generate_completions(
+        model, tokenizer, prompt, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+        top_p=cfg.top_p, num_return_sequences=n, seed=seed, stop=cfg.stop, strip_prompt=cfg.strip_prompt,
+        streamer=streamer))
+    if streamer is not None:
+        if not (shown_prompt + streamer.text).endswith("\n"):
+            print()
+        if streamer.text != completions[0].text:  # cannot happen unless decoding is not prefix-stable
+            print("warning: the live stream differs from the final sample 1; the final one is:", file=sys.stderr)
+            print(format_samples(shown_prompt, completions[:1]))
+        if n > 1:
+            print()
+            print(format_samples(shown_prompt, completions, start=1), end="")
+    else:
+        print(format_samples(shown_prompt, completions), end="")
+
+    total = sum(c.num_tokens for c in completions)
+    reasons = ", ".join(c.stop_reason for c in completions)
+    print(f"[{n} sample(s), {total} tokens in {seconds:.2f} s ({total / max(seconds, 1e-9):.1f} tokens/s); "
+          f"seed {seed}; ended by: {reasons}]", file=sys.stderr)
+    if cfg.output:
+        atomic_write_json(cfg.output, {
+            "model": cfg.model, "revision": cfg.revision, "prompt": prompt, "seed": seed,
+            "settings": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+                         "top_p": cfg.top_p, "num_return_sequences": n, "stop": cfg.stop,
+                         "strip_prompt": cfg.strip_prompt},
+            "seconds": round(seconds, 3),
+            "completions": [{"completion": c.text, "num_tokens": c.num_tokens, "stop_reason": c.stop_reason}
+                            for c in completions]})
+    return completions

@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import html
 import math
+import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+import transformers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from codeparrot.atomic_io import atomic_write_text
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.model import model_context
+from codeparrot.inference.completion import read_source_file
+from codeparrot.inference.config import HighlightConfig
+from codeparrot.repository.model import load_model_and_tokenizer, model_context
 
 
 @dataclass
@@ -105,7 +111,7 @@ def score_token_ids(model, ids: list[int], context: int, stride: int, top_k: int
     if progress and len(windows) > 1:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n, unit="tok", desc="scoring", dynamic_ncols=True)
+        bar = tqdm(total=n, unit="tok", desc="scoring", dynamic_ncols=True, disable=None)  # none in a log file
     for begin, first, end in windows:
         # Input ids[begin:end-1] (at most `context` tokens); its last end-first positions predict the new
         # targets ids[first:end], so only those logits are computed.
@@ -367,3 +373,28 @@ probability and the model's most likely alternatives.
 <div class="wrap"><pre class="gutter" aria-hidden="true">{gutter}</pre><pre class="code"><code id="code">{code}</code></pre></div>
 </body></html>
 """
+
+
+def run_highlight(cfg: HighlightConfig) -> FileScores:
+    """scripts/highlight.py: score `cfg.file`, write the HTML page to `cfg.output` and print the summary line
+    and the most surprising lines."""
+    transformers.utils.logging.disable_progress_bar()
+    path = Path(cfg.file)
+    text = read_source_file(path)
+    if not text:
+        raise CodeParrotError(f"{path}: the file is empty; nothing to score")
+    if Path(cfg.output).resolve() == path.resolve():
+        raise CodeParrotError(f"--output {cfg.output} is the input file; choose another path for the page")
+    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.revision, cfg.device)
+    scores = score_file(model, tokenizer, text, context=cfg.context, stride=cfg.stride, top_k=cfg.top_k,
+                        progress=True)
+    where = cfg.model + (f"@{cfg.revision}" if cfg.revision else "")
+    page = render_html(scores, title=path.name, subtitle=f"{path} · model {where}", max_loss=cfg.max_loss,
+                       n_lines=cfg.lines, rank_by=cfg.rank_by)
+    atomic_write_text(cfg.output, page)
+    print(f"{path}: {len(scores.tokens):,} tokens, mean loss {scores.mean_loss:.3f} nats/token, "
+          f"{scores.bits_per_byte:.3f} bits/byte -> {cfg.output}")
+    if cfg.lines:
+        print(format_lines(most_surprising(scores.lines, cfg.lines, cfg.rank_by), cfg.rank_by))
+    sys.stdout.flush()
+    return scores

@@ -19,19 +19,10 @@ from typing import Any, Callable
 
 from huggingface_hub import CommitOperationCopy, CommitOperationDelete, HfApi, constants, errors, snapshot_download
 
+import codeparrot.repository.base as base
 from codeparrot.errors import CodeParrotError
 from codeparrot.redaction import scrub_secrets
-from codeparrot.repository.base import (
-    BranchInfo,
-    CheckpointRepository,
-    CommitInfo,
-    check_commit_folder,
-    main_then_newest,
-    parse_step,
-    promotion_message,
-    validate_branch_name,
-    validate_revision,
-)
+from codeparrot.repository.base import BranchInfo, CheckpointRepository, CommitInfo
 
 scrub = scrub_secrets  # error messages from the Hub client may echo a token or a credentialed URL
 
@@ -57,7 +48,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.
     """`snapshot_download` of `repo_id` at `revision` (the local cache when offline), as a folder path."""
 
     try:
-        return Path(snapshot_download(repo_id, revision=validate_revision(revision) if revision else None,
+        return Path(snapshot_download(repo_id, revision=base.validate_revision(revision) if revision else None,
                                       local_dir=local_dir))
     except CodeParrotError:
         raise
@@ -88,7 +79,7 @@ class HubRepository(CheckpointRepository):
 
     def _head(self, revision: str):
         """The newest `GitCommitInfo` of `revision`."""
-        validate_revision(revision)
+        base.validate_revision(revision)
         commits = self._call("reading", self.api.list_repo_commits, revision, repo_id=self.repo_id,
                              revision=revision)
         if not commits:
@@ -99,7 +90,7 @@ class HubRepository(CheckpointRepository):
         return self._head(revision).commit_id
 
     def create_branch(self, branch: str, from_revision: str = "main") -> None:
-        validate_branch_name(branch)
+        base.validate_branch_name(branch)
         if branch in self._known_branches or branch == "main":
             return
         self._call("creating a branch in", self.api.create_branch, from_revision, repo_id=self.repo_id,
@@ -107,7 +98,7 @@ class HubRepository(CheckpointRepository):
         self._known_branches.add(branch)
 
     def _upload(self, folder: str | os.PathLike, branch: str, message: str, run_as_future: bool):
-        folder = check_commit_folder(folder)
+        folder = base.check_commit_folder(folder)
         self.create_branch(branch)  # a new experiment branches off main
         return self._call("uploading to", self.api.upload_folder, branch, repo_id=self.repo_id,
                           folder_path=str(folder), revision=branch, commit_message=message,
@@ -142,15 +133,15 @@ class HubRepository(CheckpointRepository):
             except CodeParrotError:  # a mirror without the commits endpoint (olah): branches without dates
                 commits = []
             date = commits[0].created_at.isoformat() if commits else ""
-            step = next((s for s in (parse_step(c.title) for c in commits) if s is not None), None)
+            step = next((s for s in (base.parse_step(c.title) for c in commits) if s is not None), None)
             branches.append(BranchInfo(name=ref.name, commit_id=ref.target_commit, date=date, latest_step=step))
-        return main_then_newest(branches)
+        return base.main_then_newest(branches)
 
     def list_commits(self, branch: str) -> list[CommitInfo]:
-        validate_branch_name(branch)
+        base.validate_branch_name(branch)
         commits = self._call("reading", self.api.list_repo_commits, branch, repo_id=self.repo_id, revision=branch)
         return [CommitInfo(commit_id=c.commit_id, message=c.title, date=c.created_at.isoformat(),
-                           step=parse_step(c.title)) for c in commits]
+                           step=base.parse_step(c.title)) for c in commits]
 
     def _write_revision(self, revision: str, folder: Path) -> None:
         hub_snapshot(self.repo_id, revision, local_dir=folder)
@@ -168,7 +159,7 @@ class HubRepository(CheckpointRepository):
                             for f in sorted(src_files) if f != ".gitattributes"]
         operations += [CommitOperationDelete(path_in_repo=f) for f in sorted(main_files - src_files)
                        if f != ".gitattributes"]
-        subject, body = promotion_message(revision, source, title)
+        subject, body = base.promotion_message(revision, source, title)
         info = self._call("committing to", self.api.create_commit, "main", repo_id=self.repo_id,
                           operations=operations, commit_message=subject, commit_description=body, revision="main")
         return info.oid

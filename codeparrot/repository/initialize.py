@@ -10,15 +10,43 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from codeparrot.config import to_dict
+from codeparrot.config import REQUIRED, doc, to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref
-from codeparrot.repository.model import ModelConfig, build_model, to_gpt2_config
+from codeparrot.repository.model import (
+    ModelConfig,
+    build_model,
+    count_parameters,
+    load_model_config,
+    matmul_parameters,
+    save_model_folder,
+    to_gpt2_config,
+)
 from codeparrot.repository.refs import open_repository
+from codeparrot.tokenizer import load_tokenizer
+
+
+@dataclass
+class InitializeConfig:
+    """scripts/initialize_model.py: which preset and tokenizer make the initial model, and where it goes."""
+
+    model_config: str = doc(REQUIRED, "model preset YAML, e.g. configs/model/tiny.yaml")
+    tokenizer: str = doc(REQUIRED, "tokenizer folder (train_tokenizer.py output), or a repository to take it from")
+    repo: str | None = doc(None, "checkpoint repository: a local path (a bare git repository is created if "
+                                 "missing) or a Hub id user/name; required unless --count-only")
+    seed: int = doc(42, "seed of the weight initialization (default: 42)")
+    count_only: bool = doc(False, "print the parameter count (computed on the meta device, nothing allocated) and "
+                                  "exit")
+    force: bool = doc(False, "commit even if main already has an initial model (adds a new commit on top)")
+
+    def validate(self) -> None:
+        if not self.repo and not self.count_only:
+            raise CodeParrotError("--repo is required (or pass --count-only)")
 
 
 def check_no_initial_model(repo: CheckpointRepository, ref: str, force: bool) -> None:
@@ -48,8 +76,7 @@ def initialize_model(cfg: ModelConfig, tokenizer, repo_ref: str, seed: int = 42,
         check_no_initial_model(repo, repo_ref, force)
     model = build_model(to_gpt2_config(cfg, tokenizer), seed=seed)
     with tempfile.TemporaryDirectory(prefix="codeparrot-init-") as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_model_folder(model, tmp, tokenizer)
         (Path(tmp) / "model_config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         try:
             if repo is None:
@@ -59,3 +86,24 @@ def initialize_model(cfg: ModelConfig, tokenizer, repo_ref: str, seed: int = 42,
             if local_new and repo_path.exists():  # nothing half-created: remove the repository we just made
                 shutil.rmtree(repo_path, ignore_errors=True)
             raise
+
+
+def run_initialize(cfg: InitializeConfig, overrides: list[str] | None = None) -> str | None:
+    """scripts/initialize_model.py: print the preset's size (with `overrides` of its fields, `--key value`) and,
+    unless `cfg.count_only`, commit the initial model. Returns the commit id (None with count_only)."""
+    # Everything that can be wrong with the inputs is checked before anything is written, cheap checks first.
+    model_cfg = load_model_config(cfg.model_config, overrides or [])
+    if not cfg.count_only:
+        check_can_initialize(cfg.repo, cfg.force)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    config = to_gpt2_config(model_cfg, tokenizer)
+    n_params, n_matmul = count_parameters(config), matmul_parameters(config)
+    print(f"{Path(cfg.model_config).stem}: {n_params / 1e6:,.1f}M parameters ({n_params:,}; {n_matmul / 1e6:,.1f}M "
+          f"in matmuls, the MFU convention) - {model_cfg.n_layer} layers, {model_cfg.n_embd} wide, "
+          f"{model_cfg.n_head} heads, context {model_cfg.n_positions}, vocab {config.vocab_size}, attention "
+          f"{model_cfg.attn_implementation}")
+    if cfg.count_only:
+        return None
+    commit = initialize_model(model_cfg, tokenizer, cfg.repo, seed=cfg.seed, force=cfg.force)
+    print(f"committed the initial model to {cfg.repo} (main, {commit[:12]})")
+    return commit

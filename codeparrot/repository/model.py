@@ -15,10 +15,12 @@ original numerics exactly. In fp32 both paths compute the same function (tested)
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from codeparrot.config import doc, load_config
@@ -172,7 +174,8 @@ def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
         raise CodeParrotError(f"{config_file}: unreadable model config: {err}") from None
     kwargs.setdefault("attn_implementation", saved.get("codeparrot_attn_implementation", "sdpa"))
     try:
-        model = GPT2LMHeadModel.from_pretrained(str(folder), **kwargs)
+        with quiet_transformers_bars():
+            model = GPT2LMHeadModel.from_pretrained(str(folder), **kwargs)
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CodeParrotError(f"cannot load the model in {folder}: {first}") from None
@@ -251,3 +254,25 @@ def model_context(model) -> int:
         if isinstance(value, int) and value > 0:
             return value
     raise CodeParrotError(f"cannot tell the context length of a {type(model).__name__} model")
+
+
+@contextmanager
+def quiet_transformers_bars():
+    """No transformers progress bar ("Loading weights", "Writing model shards") inside: one appears at every
+    save and load, in the middle of our own progress lines and in every log file."""
+    was_enabled = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def save_model_folder(model, folder, tokenizer=None, state_dict: dict | None = None) -> None:
+    """`folder` gets what `from_pretrained` loads: config.json and model.safetensors (from `state_dict` when
+    given, e.g. weights gathered from shards), plus the tokenizer's files when one is given."""
+    with quiet_transformers_bars():
+        model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)

@@ -12,8 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.base import CheckpointRepository, validate_branch_name
+from codeparrot.repository.base import CheckpointRepository, parse_step, validate_branch_name
+from codeparrot.repository.metrics import METRICS_FILE, checkpoint_metrics
 from codeparrot.repository.refs import open_repository
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class CheckpointPusher:
         """Stage the files of `folder` (those matching the `include` globs, default all) and queue a commit."""
         try:
             staged = self._stage(Path(folder), include)
+            self._add_metrics(staged, Path(folder), message)
         except (OSError, CodeParrotError) as err:
             self._fail(f"push {message!r} to {self.repo_ref}@{self.branch} not staged: {err}")
             return
@@ -84,6 +87,19 @@ class CheckpointPusher:
             self._remove_staged(staged)
             raise CodeParrotError(f"no files in {folder} match {include}")
         return staged
+
+    @staticmethod
+    def _add_metrics(staged: Path, folder: Path, message: str) -> None:
+        """`metrics.json` beside the staged files: the run's latest validation loss at the pushed step (from
+        `<run>/metrics.jsonl`, the checkpoint folder's parent), so loss curves can be drawn from the repository
+        alone. Nothing when the message names no step or the run logged no evaluation by then."""
+        step = parse_step(message)
+        try:
+            metrics = checkpoint_metrics(folder.resolve().parent, step) if step is not None else None
+            if metrics is not None and not (staged / METRICS_FILE).exists():
+                atomic_write_json(staged / METRICS_FILE, metrics)
+        except OSError as err:  # the checkpoint itself still goes out
+            logger.warning("push %r: no %s (%s)", message, METRICS_FILE, err)
 
     @staticmethod
     def _remove_staged(staged: Path) -> None:

@@ -1,26 +1,35 @@
-"""What runs inside a sandboxed program's process: the audit-hook guard and the checker (stdlib only).
+"""What runs inside a sandboxed program's process: the audit-hook guard and the program (stdlib only).
 
-Loaded by `sandbox_server.py` (a `python -I -S` process); `run_program` is called in a freshly forked child
-that already has its limits, namespaces and unprivileged uid (see `codeparrot/sandbox/client.py` for the layers).
+Loaded by the sandbox worker (`server.py`, a `python -I -S` process); its functions run in a freshly forked
+child that already has its limits, namespaces, seccomp filter and unprivileged uid (see `client.py` for
+the layers).
 
-The verdict channel. A pass is the line `P <nonce>` on the result pipe; a refusal `D <nonce> <event>`, a
-failure `F <nonce> <exception>`; lines without the nonce are program output. The 32-hex-digit nonce is read
-from a pipe the server fills after the fork and kept only in the audit hook's closure (never in argv, env,
-files, globals, or any frame that program code can reach: the hook runs no program code, compares only
-exact builtin types, and turns any exception into a refusal, so no traceback leads into it). The hook
-writes it when the event `codeparrot.report` comes from the checker's own code (`_after_program`) called
-directly by the frame that raised the first `codeparrot.start`, before any program code ran; the checker
-raises it only after `check(candidate)` returned. So `sys.exit(0)`, `os._exit(0)`, printing "passed",
-writing a fake line to the pipe or raising the event from program code never counts as a pass. Failure
-details go the same way (`codeparrot.fail`, accepted only from `_fail` called by the checker's frames).
+Two ways to run a program:
+- `serve_candidate` (every job with an entry point, the default): execute prompt + completion, then
+  answer the trusted checker's calls of the entry point over plain-data pipes (`channel.py`). The verdict
+  is decided in the checker's process (`checker.py`), which the program cannot reach: nothing in this
+  process (no nonce, no checker frame, no module or builtin the test uses) takes part in it.
+- `run_program` (the in-process fallback: no entry point, or a test that passes arguments that are not
+  plain data; such results are marked `in-process (why)`): the test runs here, after the program, with
+  the integrity measures below. Best effort only: code in the same interpreter can in principle reach it.
 
-The checker's integrity. The test runs in its own namespace: builtins are a snapshot taken before the
-program ran (a completion that shadows or patches `abs`, `isinstance`, `len`, `AssertionError`... does not
-affect the test; `assert` itself raises the C-level AssertionError); prompt helpers the test calls (e.g.
-`poly` in HumanEval/32) come from executing the prompt alone, not from the completion's redefinitions;
-modules the prompt or test import that were already loaded get their pre-program contents back (undoing
-`math.fabs = ...`), and modules the program loaded are dropped so the test imports fresh ones. Everything
-the checker uses after program code has run was bound before it ran (a test checks the bytecode).
+The guard's lines. The audit hook writes on the result pipe (fd 3): `D <nonce> <event>` when it refuses an
+event, `F <nonce> <exception>` for a failure detail (raised as the event `codeparrot.fail` by `_fail`,
+called from the frame that raised the first `codeparrot.start`, before any program code ran), and, in the
+fallback only, `P <nonce>` for a pass (the event `codeparrot.report`, accepted only from `_after_program`
+called directly by that frame, after `check(candidate)` returned). The 32-hex-digit nonce is read from a
+pipe the server fills after the fork and kept only in the hook's closure (never in argv, env, files,
+globals, or a frame program code can reach without frame walking), so lines the program writes are only
+output; in isolated mode the server ignores `P` lines altogether.
+
+The fallback's integrity measures. The test runs in its own namespace: builtins are a snapshot taken
+before the program ran (a completion that shadows or patches `abs`, `isinstance`, `len`, `AssertionError`...
+does not affect the test; `assert` itself raises the C-level AssertionError); prompt helpers the test calls
+(e.g. `poly` in HumanEval/32) come from executing the prompt alone, not from the completion's
+redefinitions; modules the prompt or test import that were already loaded get their pre-program contents
+back (undoing `math.fabs = ...`), and modules the program loaded are dropped so the test imports fresh
+ones. Everything the checker uses after program code has run was bound before it ran (a test checks the
+bytecode).
 
 Guard events refused always ("integrity"): ctypes, gc introspection (get_objects/referrers/referents),
 function/code construction, sys.settrace/setprofile/_current_frames/addaudithook, sub-interpreters,
@@ -34,13 +43,15 @@ through /proc on the way counts as /proc. `os.open` may carry a `dir_fd` the hoo
 relative path with `..` is refused. A refused event ends the process at once (`D <nonce> <event>` on the
 result pipe): no exception that program code could catch, and no traceback holding the hook's frame.
 
-Not prevented (documented limits): a candidate returning an object whose `__eq__` always says True; code
-that deliberately walks interpreter frames (sys._getframe / tracebacks, which stdlib modules need) to
-patch the test's namespace while `check` runs. Both are targeted attacks on the score, not accidents, and
-neither weakens containment, which the operating system enforces. In guard-only mode, native code is out
-of any audit hook's reach: ctypes is refused (its dlopen/dlsym/call events), but a syscall made from
-native code some other way (a crafted extension, a memory-corruption bug) is not seen by the guard; the
-seccomp filter `sandbox_server` installs there is what stops kill/pidfd/ptrace of other processes.
+Not prevented in the fallback (documented limits; the isolated checker is immune to all of them): a
+candidate returning an object whose `__eq__` always says True; code that walks interpreter frames
+(sys._getframe / tracebacks, which stdlib modules need) or runs a signal handler inside the hook to reach
+the nonce or patch the test's namespace; `dup2` over the result pipe; import hooks left in
+`sys.meta_path`. None of them weakens containment, which the operating system enforces. In guard-only
+mode, native code is out of any audit hook's reach: ctypes is refused (its dlopen/dlsym/call events), but
+a syscall made from native code some other way (an extension module loaded under another name, a
+memory-corruption bug) is not seen by the guard; the seccomp filter the worker installs is what stops
+spawning, new user namespaces, unix sockets and kill/pidfd/ptrace of other processes there.
 Functions that signal other processes without an audit event (`os.pidfd_open`,
 `signal.pidfd_send_signal`, ...) are removed before the guard installs, a speed bump only.
 """
@@ -69,7 +80,7 @@ _PATH_EVENTS = {
     "os.chdir": ((0,), None), "shutil.rmtree": ((0,), 1), "shutil.move": ((0, 1), None),
     "shutil.copyfile": ((1,), None), "shutil.copytree": ((1,), None), "sqlite3.connect": ((0,), None),
 }
-# A fresh import of posix/_signal would bring back the functions sandbox_server removed.
+# A fresh import of posix/_signal would bring back the functions server.py removed.
 _NO_IMPORT = frozenset({"_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels", "posix", "_signal"})
 
 

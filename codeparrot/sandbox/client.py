@@ -5,23 +5,32 @@
         results[0].status  # "passed" | "failed" | "timed out" | "killed" | "error"
 
 A program is prompt + completion, then the problem's test and `check(entry_point)`. Each runs in a process
-forked from a small `python -I -S` worker (`sandbox_server.py`, one per `num_workers`), with these layers,
-each probed at start and reported in `Sandbox.layers` (never assumed):
+forked from a small `python -I -S` worker (`server.py`, one per `num_workers`), with these layers, each
+probed at start and reported in `Sandbox.layers` (never assumed):
+
+The verdict: with an entry point the test runs in a separate trusted checker process (`checker.py`) that
+calls the candidate over pipes carrying plain data only (`channel.py`); the program's process only
+answers calls, so nothing it does (exit early, patch builtins, walk frames, write fake lines, return an
+object whose `__eq__` says True) can make wrong answers pass. Tests that cannot run that way (no entry
+point, non-plain arguments) run in-process and the result says so (`ExecResult.checker`).
 
 Enforced by the kernel (real boundaries):
 - own session and a new PID namespace whose init is the program: on the wall-clock timeout (default 3 s)
   it is SIGKILLed and the kernel kills everything it started, grandchildren and `setsid` escapees too;
+  its own /proc (no host process visible) and its own IPC namespace (SysV/POSIX IPC dies with it);
 - rlimits: CPU time, address space (memory), file size, open files; RLIMIT_NPROC on a private uid;
 - an unprivileged private uid per worker when we are root (root ignores RLIMIT_NPROC, can remount and
   signal anything; the private uid can do neither, and cannot read other users' /proc/<pid>/environ),
   or, when not root, a user namespace whose capabilities the program drops;
 - a network namespace with no interface up: no network at all, loopback included;
-- a mount namespace where every mount is read-only except the program's workspace, a size-limited tmpfs,
-  and the home folders ($HOME, the user's home, /root, /home) are covered by an empty tmpfs (tokens such
-  as ~/.cache/huggingface/token or ~/.netrc are unreadable even with our uid; an interpreter installed
-  under $HOME, e.g. pyenv, is bind-mounted back at its own path);
-- without a PID namespace and a private uid (guard-only mode): a seccomp filter, so kill/tgkill/pidfd/
-  ptrace of any process but the program itself fail in the kernel, whoever issues them (ctypes included);
+- a minimal filesystem view (`rootfs.py`, `minimal_root=True`): the interpreter, its standard library and
+  the shared libraries it loads, read-only, a few devices, /proc, and a size-limited noexec tmpfs
+  workspace per program; no other host path exists for the program (the project, /etc, /home, /tmp and
+  /run with their unix sockets). Where it cannot be built: the host's tree, read-only, with the home
+  folders ($HOME, the user's home, /root, /home) covered by an empty tmpfs;
+- a seccomp filter on every program: no new user namespace, no unix-domain socket, no process spawning
+  unless `allow_processes`; without a PID namespace and a private uid (guard-only mode) also no kill/
+  tgkill/pidfd/ptrace of any process but the program itself, whoever issues them (ctypes included);
 - an empty environment (HOME and TMPDIR point at the workspace), stdin/stdout/stderr on /dev/null.
 
 In the interpreter (best effort, `guard=True`; the only containment when the kernel offers none of the
@@ -31,19 +40,17 @@ remove) refuses sockets, fork/exec/subprocess, signals to other processes, write
 inside C functions, so `posix.*` calls are covered too, but a hook in the same interpreter is not a
 security boundary: functions without an audit event (`os.pidfd_open` + `signal.pidfd_send_signal`,
 `os.sched_setaffinity`, ...) are removed before it installs, yet a program can rebuild those modules, and
-any syscall made from native code (a kill() through some route to libc that raises no ctypes event, a
-crafted extension) is invisible to it. Only the kernel layers stop those: the seccomp filter above for
-signals and ptrace in guard-only mode, the PID namespace and private uid otherwise. See `sandbox_child.py`
-for the rules and for how the pass/fail verdict is protected against programs that exit early, patch
-builtins or write fake result lines.
+any syscall made from native code (an extension module loaded under another name) is invisible to it.
+Only the kernel layers stop those. See `child.py` for the guard's rules.
 
-Not restricted: reading files the program's uid may read outside the home folders (the private uid cannot
-enter 0700 folders; as the harness's own user without a mount namespace it reads what you can, your home
-included: keep tokens out of reach there, or use a machine with namespaces), CPU use within
-the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no memory cgroup: the system's
-cgroup tree is not ours to change). Root without the private uid is refused unless `allow_root=True`.
+Not restricted: CPU use within the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no
+memory cgroup: the system's cgroup tree is not ours to change). Without the minimal view, reading files
+the program's uid may read outside the home folders (the private uid cannot enter 0700 folders; as the
+harness's own user without a mount namespace it reads what you can, your home included). Root without the
+private uid is refused unless `allow_root=True`.
 
-Worker processes start once; a program costs two forks of a ~15 MB process, not a new interpreter.
+Worker processes start once; a program costs three forks of a ~15 MB process (watchdog, program,
+checker), not a new interpreter.
 
 Each Sandbox works in `$TMPDIR/codeparrot-sandbox-<pid>-*/`, holding an flock on its `owner.lock` while it
 lives. A harness killed with SIGKILL cannot remove it; the next Sandbox started by the same user removes
@@ -106,6 +113,9 @@ class SandboxConfig:
     guard: bool = True  # the audit-hook containment rules (integrity rules are always on)
     allow_root: bool = False  # run programs as root when the private uid is impossible (guard only!)
     allow_processes: bool = False  # let programs fork/exec (else the seccomp filter refuses every spawn)
+    # Programs see only the interpreter, its standard and shared libraries, a few devices, /proc and their
+    # workspace (rootfs.py); False: the host's tree, read-only, with the home folders covered.
+    minimal_root: bool = True
 
     def validate(self) -> None:
         if not self.timeout > 0:
@@ -202,10 +212,14 @@ def describe_layers(layers: dict) -> str:
         parts.append("user namespace, capabilities dropped")
     if layers.get("network_namespace"):
         parts.append("network namespace (no network)")
-    if layers.get("readonly_root"):
+    view = layers.get("minimal_root")
+    if view:
+        parts.append(f"minimal filesystem view (interpreter, stdlib and {view['files']} shared libraries read-only, "
+                     "a tmpfs workspace; no other host path)")
+    elif layers.get("readonly_root"):
         parts.append("read-only filesystem except a " + ("tmpfs " if layers.get("workspace_tmpfs") else "")
                      + "workspace")
-    if layers.get("hidden_homes"):
+    if layers.get("hidden_homes") and not view:
         parts.append("home folders hidden (" + ", ".join(layers["hidden_homes"]) + ")")
     if layers.get("ipc_namespace"):
         parts.append("IPC namespace per program (SysV/POSIX IPC dies with it)")
@@ -220,7 +234,7 @@ def describe_layers(layers: dict) -> str:
 
 
 class _Server:
-    """One `sandbox_server.py` process and its line protocol."""
+    """One worker (`server.py`) process and its frame protocol."""
 
     def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int):
         settings = asdict(config)

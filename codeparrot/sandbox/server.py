@@ -2,28 +2,37 @@
 
 `codeparrot.sandbox.Sandbox` starts one per worker with an empty environment:
 
-    python -I -S sandbox_server.py <settings: marshal, hex>
+    python -I -S server.py <settings: marshal, hex>
 
-It enters its namespaces once (network; mount with everything read-only except a size-limited tmpfs
-workspace; a user namespace first when not root), answers `{"hello": {layer: active}}`, then reads one
-job per frame on stdin and writes one result per frame on stdout (frames: 8-byte length + `marshal`).
+It enters its namespaces once (`kernel.setup`: network; mount, pivoting into the minimal filesystem view of
+`rootfs.py`, everything read-only but a size-limited tmpfs workspace; a user namespace first when not
+root), answers `{"hello": {layer: active}}`, then reads one job per frame on stdin and writes one result
+per frame on stdout (frames: 8-byte length + `marshal`).
 
 Per job there is no exec, only forks of this small process (about 2 ms instead of about 15 ms for a fresh
 interpreter):
 
-    server ──fork──> watchdog: setsid, unshare(CLONE_NEWPID) ──fork──> program: pid 1 of a new PID namespace
+    server ──fork──> watchdog: setsid, unshare(PID | IPC | mount) ──fork──> program: pid 1 there
+           ──fork──> checker: the trusted process that runs the test (jobs with an entry point)
 
-The program process creates its workspace folder, sets its rlimits, drops to an unprivileged uid (or drops
-all capabilities in a user namespace), installs the audit-hook guard and runs `sandbox_child.run_program`.
-On the wall-clock deadline the server SIGKILLs it; as the init of its PID namespace its death makes the
-kernel kill every process it started, grandchildren and `setsid` escapees included, before the watchdog's
-wait returns. Without PID namespaces the program's process group is killed (the guard refuses fork then).
+The program process mounts its own /proc and tmpfs workspace, sets its rlimits, drops to an unprivileged
+uid (or all capabilities in a user namespace), installs its seccomp filter and the audit-hook guard, then
+runs `child.serve_candidate` (isolated check) or `child.run_program` (in-process fallback). On the
+wall-clock deadline the server SIGKILLs it; as the init of its PID namespace its death makes the kernel
+kill every process it started, grandchildren and `setsid` escapees included, and free its IPC objects and
+mounts. Without PID namespaces the program's process group (and its private uid) is killed.
 
-Three pipes per job. The result pipe (fd 3 in the program) carries `P|D|F <nonce> ...` lines written by the
-audit hook, which alone knows the nonce (fd 4, read and closed while the guard installs): a pass, a
-refusal, a failure detail. The program can write to fd 3 too, but without the nonce its lines are just
-output: it can fail itself, never fake a pass, a refusal or a sandbox error. Sandbox errors go through a
-third pipe (fd 5) that the watchdog and the program's setup write to, closed before program code runs.
+The verdict. With an entry point the checker (`checker.py`) decides it: it runs the prompt and the test in
+its own interpreter and calls the candidate over two pipes (call: checker -> program, fd 6; reply: program
+-> checker, fd 7) carrying plain data only (`channel.py`), then writes one verdict line (`P`, `F`, `X`,
+`N`) on a pipe only the server reads. Nothing the program writes anywhere can produce a pass.
+
+Three more pipes serve both modes. The result pipe (fd 3 in the program) carries the audit hook's lines,
+`D <nonce> <event>` (a refusal) and `F <nonce> <exception>` (why the program ended before the check); the
+nonce (fd 4, read and closed while the guard installs) tells them from program output. Only in the
+in-process fallback (no entry point, or a test passing non-plain arguments) is a pass, `P <nonce>`, read
+there, and marked as such in the result. Sandbox errors go through fd 5, which the watchdog and the
+program's setup write to and which is closed before program code runs.
 """
 
 import fcntl
@@ -52,18 +61,22 @@ from kernel import (  # noqa: E402
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
+    build_program_filter,
     drop_capabilities,
     mount,
-    program_filter,
     prctl,
     probe,
+    program_filter,
     refusal,
     setup,
     unshare,
 )
+from rootfs import enter_minimal_root  # noqa: E402
+from verdict import SETUP_ERROR, WATCHDOG_ERROR, classify  # noqa: E402
 
 sys.path.pop(0)
-WATCHDOG_ERROR, SETUP_ERROR = 250, 251  # exit codes of our own failures (never a program's verdict)
+_PREBUILT = [None]  # the program's seccomp filter when it does not name the program's pid (see warm_up)
+PRELOAD = ("typing", "math", "random", "copy", "string", "hashlib", "heapq", "bisect")  # see warm_up
 # Functions that act on other processes without raising an audit event: removed before the guard installs
 # (kill and killpg raise events and are refused by the guard). A program can rebuild the modules (e.g.
 # `_imp.create_builtin`), so this is a speed bump; the seccomp filter is the barrier in guard-only mode.
@@ -122,7 +135,9 @@ def _program(cfg, layers, job, fds) -> None:
         os.mkdir(workdir, 0o700)
         if layers["fresh_proc"]:  # our own /proc (no host process visible) and a workspace that dies with us
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['workspace_mb'])}m,mode=0700")
+            # noexec: no shared library or binary the program writes can be loaded or run from there
+            mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  f"size={int(cfg['workspace_mb'])}m,mode=0700")
         uid = layers["uid"]
         if uid is not None:
             os.chown(workdir, uid, uid)
@@ -148,7 +163,8 @@ def _program(cfg, layers, job, fds) -> None:
         if layers["seccomp"] or layers["program_seccomp"]:
             # Always: no new user namespace, no spawning unless allowed; without a PID namespace and a
             # private uid also no signals/ptrace to other processes.
-            program_filter(os.getpid(), foreign_signals=layers["seccomp"], spawning=layers["spawning"])
+            program_filter(os.getpid(), foreign_signals=layers["seccomp"], spawning=layers["spawning"],
+                           built=None if layers["seccomp"] else _PREBUILT[0])
         if cfg["guard"]:
             for module_name, names in UNAUDITED.items():
                 module = sys.modules.get(module_name)
@@ -159,7 +175,7 @@ def _program(cfg, layers, job, fds) -> None:
         os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
         sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
         sys.modules["__main__"] = type(sys)("__main__")
-        for name in ("child", "kernel", "checker", "channel", "cleanup"):  # our code: not for the program
+        for name in ("child", "kernel", "checker", "channel", "cleanup", "rootfs", "verdict"):  # ours: not for it
             sys.modules.pop(name, None)
         sys.path[:] = layers["sys_path"]
         sys.path_importer_cache.clear()
@@ -234,45 +250,6 @@ def _sweep_uid(uid: int) -> None:
                 return
             time.sleep(0.002)
     probe(killer)
-
-
-_SIGNAL_DETAIL = {signal.SIGXCPU: "CPU time limit (SIGXCPU)", signal.SIGXFSZ: "file size limit (SIGXFSZ)",
-                  signal.SIGKILL: "killed by SIGKILL (a limit, or the program killed itself)",
-                  signal.SIGSEGV: "SIGSEGV (stack overflow or memory limit)"}
-
-
-def classify(data: bytes, errors: bytes, nonce: bytes, code: int, timed_out: bool,
-             timeout: float, accept_pass: bool = True) -> tuple[str, str]:
-    """(status, detail) from the result pipe, the error pipe and the watchdog's exit code.
-
-    Only lines carrying the nonce come from the guard (`P <nonce>` a pass, `D <nonce> <event>` a refusal,
-    `F <nonce> <exception>` a failure); anything else on the result pipe is program output. `errors` holds
-    what the watchdog or the program's setup reported before any program code ran.
-    """
-    if errors.strip():
-        return "error", errors.decode("utf-8", "replace").strip().splitlines()[0][2:]
-    if code == WATCHDOG_ERROR:  # a program's exit code reaches us as 0..127 (or 128 + signal)
-        return "error", "watchdog failed"
-    lines = data.split(b"\n")
-    if accept_pass and b"P " + nonce in lines:  # in-process mode only: the guard's pass line
-        return "passed", ""
-    if timed_out:
-        return "timed out", f"wall-clock limit of {timeout:g}s"
-    text = {}
-    for line in lines:
-        tag = line[:1]
-        if tag in (b"D", b"F") and tag not in text and line.startswith(tag + b" " + nonce + b" "):
-            text[tag] = line[len(nonce) + 3:].decode("utf-8", "replace")
-    if b"D" in text:
-        return "killed", f"sandbox refused {text[b'D']}"
-    if b"F" in text:
-        if text[b"F"].startswith("MemoryError") or ": MemoryError" in text[b"F"]:
-            return "killed", "memory limit (MemoryError)"
-        return "failed", text[b"F"]
-    if code >= 128:
-        sig = code - 128
-        return "killed", _SIGNAL_DETAIL.get(sig, f"killed by signal {sig}")
-    return "failed", f"exited with code {code} before the check finished"
 
 
 def _checker(cfg: dict, job: dict, call_w: int, reply_r: int, verdict_w: int, unused) -> None:
@@ -407,6 +384,22 @@ def run_job(cfg: dict, layers: dict, job: dict) -> dict:
             "checker": "isolated" if isolated else mode}
 
 
+def warm_up(layers: dict) -> None:
+    """Do once here what every forked program and checker would otherwise redo: the compiler's AST types
+    (built by the first `compile()` in a process, ~1.5 ms), the seccomp filter (when it does not depend on
+    the program's pid) and the modules HumanEval prompts and tests import (`typing` alone ~3 ms). Programs
+    still get their own copies (fork); `random` reseeds in each child (its at-fork hook), so the checker's
+    random test inputs are not the program's."""
+    compile("pass", "<warm-up>", "exec")
+    if layers["program_seccomp"] and not layers["seccomp"]:
+        _PREBUILT[0] = build_program_filter(0, foreign_signals=False, spawning=layers["spawning"])
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
 def _send(obj: dict) -> None:
     """One frame: 8-byte little-endian length, then `marshal` of `obj` (same interpreter on both ends)."""
     payload = marshal.dumps(obj)
@@ -424,11 +417,12 @@ def _receive():
 def main() -> None:
     cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a killed watchdog come to us, not to the system's init
-    layers = setup(cfg)
+    layers = setup(cfg, enter_root=enter_minimal_root)
     refused = refusal(cfg, layers)
     if refused:
         _send({"error": refused})
         return
+    warm_up(layers)
     gc.freeze()  # forked children then do not touch (copy) the server's objects when they collect
     _send({"hello": layers})
     n = 0

@@ -21,7 +21,7 @@ from codeparrot.atomic_io import atomic_write_text
 from codeparrot.tools.benchmarks.common import BenchRow
 
 # Order of the table: the pipeline's order.
-AREAS = ["data", "near_dedup", "tokenizer", "loader", "train", "sandbox"]
+AREAS = ["data", "ray_engine", "near_dedup", "tokenizer", "loader", "train", "sandbox"]
 
 
 def machine_lines() -> list[str]:

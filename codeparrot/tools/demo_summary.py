@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from codeparrot.atomic_io import atomic_write_json
 
@@ -69,7 +69,7 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
-def collect_summary(out: Path, timings: dict[str, float]) -> dict:
+def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | frozenset = frozenset()) -> dict:
     stats = _load(out / "clean" / "stats.json") or {}
     tok = _load(out / "tokenizer" / "tokenizer_stats.json") or {}
     model = _model_info(out / "model-repo")
@@ -81,6 +81,8 @@ def collect_summary(out: Path, timings: dict[str, float]) -> dict:
     return {
         "output_dir": str(out),
         "stage_seconds": {k: round(v, 1) for k, v in timings.items()},
+        # stages this run reused: their seconds are from when they ran; "total" is this run's wall time
+        "reused_stages": sorted(reused),
         "files": {
             "input_records": stats.get("input_records"),
             "bad_records": stats.get("bad_records", {}),
@@ -104,8 +106,21 @@ def collect_summary(out: Path, timings: dict[str, float]) -> dict:
     }
 
 
-def print_summary(out: Path, timings: dict[str, float]) -> dict:
-    s = collect_summary(out, timings)
+def stage_time_line(seconds: dict[str, float], reused: Iterable[str]) -> str:
+    """'stage wall time (s): export 1, train 264, total 300' for a fresh run; a re-run marks the reused stages
+    (their time from when they ran) and says what this run took and what building everything took."""
+    reused = set(reused)
+    stages = {k: v for k, v in seconds.items() if k != "total"}
+    parts = [f"{k} {v:.0f}{' (reused)' if k in reused else ''}" for k, v in stages.items()]
+    total = seconds.get("total", 0.0)
+    if not reused:
+        return "stage wall time (s): " + ", ".join(parts + [f"total {total:.0f}"])
+    return ("stage wall time (s): " + ", ".join(parts) + f"; this run {total:.0f} ({len(reused)} of {len(stages)} "
+            f"stages reused), all stages when they ran {sum(stages.values()):.0f}")
+
+
+def print_summary(out: Path, timings: dict[str, float], reused: set[str] | frozenset = frozenset()) -> dict:
+    s = collect_summary(out, timings, reused)
     atomic_write_json(out / "summary.json", s)
     f = s["files"]
     removed = {**{f"bad: {k}": v for k, v in (f["bad_records"] or {}).items()},
@@ -127,7 +142,7 @@ def print_summary(out: Path, timings: dict[str, float]) -> dict:
         f"HumanEval canonical solutions (scorer check): {_fmt_pass_at_k(s['humaneval_canonical'])}",
         f"TensorBoard logs: {s['tensorboard_logdir']}",
         f"plots: {s['plots_dir']}",
-        "stage wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items()),
+        stage_time_line(s["stage_seconds"], s["reused_stages"]),
         "",
         "next commands to try:",
         f"  .venv/bin/tensorboard --logdir {s['tensorboard_logdir']}",

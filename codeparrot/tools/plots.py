@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -192,11 +193,14 @@ def _plot_loss(train: list[dict], evals: list[dict], png: Path, run: str) -> Pat
     return _save(fig, png)
 
 
-def _plot_lr(train: list[dict], png: Path, run: str) -> Path:
+def _metric_figure(train: list[dict], key: str):
+    """A new figure, its axes, and metric `key` per logged step: (fig, ax, steps, values; NaN where missing)."""
     fig = _figure()
-    ax = fig.add_subplot()
-    steps = [int(r["step"]) for r in train]
-    lrs = [_num(r.get("lr")) for r in train]
+    return fig, fig.add_subplot(), [int(r["step"]) for r in train], [_num(r.get(key)) for r in train]
+
+
+def _plot_lr(train: list[dict], png: Path, run: str) -> Path:
+    fig, ax, steps, lrs = _metric_figure(train, "lr")
     ax.plot(steps, lrs, color=PURPLE, lw=2, marker="." if len(steps) <= 30 else None)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     peak = max((v for v in lrs if math.isfinite(v)), default=math.nan)
@@ -211,10 +215,7 @@ def _plot_lr(train: list[dict], png: Path, run: str) -> Path:
 
 
 def _plot_speed(train: list[dict], png: Path, run: str) -> Path:
-    fig = _figure()
-    ax = fig.add_subplot()
-    steps = [int(r["step"]) for r in train]
-    tps = [_num(r.get("tokens_per_s")) for r in train]
+    fig, ax, steps, tps = _metric_figure(train, "tokens_per_s")
     few = len(steps) <= 30
     ax.plot(steps, tps, color=GREEN, alpha=0.9 if few else 0.35, lw=1, marker="." if few else None,
             label="tokens/s" if few else "tokens/s (raw)")
@@ -255,19 +256,23 @@ def _plot_speed(train: list[dict], png: Path, run: str) -> Path:
     return _save(fig, png)
 
 
-def _plot_grad_norm(train: list[dict], png: Path, run: str) -> Path:
-    fig = _figure()
-    ax = fig.add_subplot()
-    steps = [int(r["step"]) for r in train]
-    norms = [_num(r.get("grad_norm")) for r in train]
-    ax.plot(steps, norms, color=GREY, lw=1, marker="." if len(steps) <= 30 else None)
-    if all(v > 0 for v in norms if math.isfinite(v)) and any(math.isfinite(v) for v in norms):
-        from matplotlib.ticker import FuncFormatter
+def grad_norm_axis(ax, norms: Sequence[float]) -> None:
+    """A log y axis when the norms span a decade or more (spikes), with labels at 1, 2 and 5 of every decade;
+    otherwise a linear axis: a log axis over less than a decade had one labelled tick, no readable value."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-        ax.set_yscale("log")  # spikes span orders of magnitude
+    finite = [v for v in norms if math.isfinite(v)]
+    if finite and min(finite) > 0 and max(finite) / min(finite) >= 10:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(
-            math.log10(v)), 6) in (2, 5) else ""))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _plot_grad_norm(train: list[dict], png: Path, run: str) -> Path:
+    fig, ax, steps, norms = _metric_figure(train, "grad_norm")
+    ax.plot(steps, norms, color=GREY, lw=1, marker="." if len(steps) <= 30 else None)
+    grad_norm_axis(ax, norms)
     _integer_steps(ax)
     ax.set(title=f"Gradient norm (before clipping) · {run}", xlabel="optimizer step", ylabel="global L2 norm")
     return _save(fig, png)
@@ -352,8 +357,10 @@ def plot_filter_stats(stats_json: str | os.PathLike, png: str | os.PathLike) -> 
 
 
 # ----------------------------------------------------------------------------------------- checkpoints
-def plot_checkpoint_losses(points: Iterable[tuple[int, float]], png: str | os.PathLike, title: str) -> Path:
-    """Validation loss of each checkpoint (step, loss) with the best one marked; perplexity on the right."""
+def plot_checkpoint_losses(points: Iterable[tuple[int, float]], png: str | os.PathLike, title: str,
+                           measured_on: str = "") -> Path:
+    """Validation loss of each checkpoint (step, loss) with the best one marked; perplexity on the right.
+    `measured_on` (sequences x length the losses were computed on) goes under the title."""
     from matplotlib import rc_context
 
     pts = sorted((int(s), float(v)) for s, v in points if v is not None and math.isfinite(float(v)))
@@ -377,7 +384,8 @@ def plot_checkpoint_losses(points: Iterable[tuple[int, float]], png: str | os.Pa
         sec = ax.secondary_yaxis("right", functions=(_exp, _log))
         sec.set_ylabel("perplexity")
         _integer_steps(ax)
-        ax.set(title=title, xlabel="training step", ylabel="validation loss (nats/token)")
+        ax.set(title=title + (f"\n{measured_on}" if measured_on else ""), xlabel="training step",
+               ylabel="validation loss (nats/token)")
         ax.legend(loc="upper right")
         return _save(fig, png)
 
@@ -390,3 +398,45 @@ def _exp(x):
 def _log(x):
 
     return np.log(np.clip(x, 1e-300, None))
+
+
+@dataclass
+class LossPoint:
+    """One validation loss of one checkpoint of one branch (an experiment)."""
+
+    branch: str
+    step: int
+    tokens_seen: int | None  # None when the source does not say
+    loss: float
+    commit: str = ""  # the checkpoint, when known
+
+
+def plot_losses(points: Sequence[LossPoint], png: str | os.PathLike, title: str, measured_on: str = "") -> Path:
+    """One line per branch: validation loss against tokens seen (against step when any point lacks the count).
+    `measured_on` (what the losses were computed on: sequences x length) is printed under the title; losses
+    measured on different data are not comparable."""
+    from matplotlib import rc_context
+
+    points = [p for p in points if p.loss is not None and math.isfinite(p.loss)]
+    if not points:
+        raise CodeParrotError("no validation losses to plot")
+    by_tokens = all(p.tokens_seen is not None for p in points)
+    colours = [BLUE, ORANGE, GREEN, RED, PURPLE]
+    with rc_context(STYLE):
+        fig = _figure(9, 4.8)
+        ax = fig.add_subplot()
+        branches = list(dict.fromkeys(p.branch for p in points))
+        for i, branch in enumerate(branches):
+            pts = sorted((p for p in points if p.branch == branch), key=lambda p: p.step)
+            xs = [p.tokens_seen if by_tokens else p.step for p in pts]
+            best = min(pts, key=lambda p: (p.loss, p.step))
+            ax.plot(xs, [p.loss for p in pts], marker="o", lw=2, color=colours[i % len(colours)],
+                    label=f"{branch} (best {best.loss:.3f} at step {best.step:,})")
+        if by_tokens:
+            _ticks_si(ax.xaxis)
+        else:
+            _integer_steps(ax)
+        ax.set(title=title + (f"\n{measured_on}" if measured_on else ""),
+               xlabel="tokens seen" if by_tokens else "training step", ylabel="validation loss (nats/token)")
+        ax.legend(loc="upper right")
+        return _save(fig, png)

@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 
 from codeparrot.atomic_io import atomic_write_json, atomic_write_text
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.model import save_model_folder
 
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
@@ -256,6 +257,17 @@ def load_hf_weights(model: torch.nn.Module, folder: Path) -> None:
                               f"unexpected {result.unexpected_keys[:3]}")
 
 
+def full_state_dict(accelerator, model) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights to `save_pretrained`, on the main process; a collective under FSDP/DeepSpeed
+    (every process must call it). Tied duplicates are dropped (GPT-2's lm_head.weight is the token embedding):
+    FSDP's gathered state dict holds them as separate tensors, which save_pretrained would store twice."""
+    weights = accelerator.get_state_dict(model)
+    unwrapped = accelerator.unwrap_model(model)
+    kept = {name for name, _ in unwrapped.named_parameters()}
+    tied = {name for name, _ in unwrapped.named_parameters(remove_duplicate=False)} - kept
+    return {name: value for name, value in weights.items() if name not in tied}
+
+
 def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, state: TrainerState,
                     data_state: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:
     """Write `step-{state.step}` atomically (see module docstring); every process must call this.
@@ -268,11 +280,9 @@ def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, s
         (tmp / TRAINING_STATE).mkdir(parents=True)
     accelerator.wait_for_everyone()
 
-    weights = accelerator.get_state_dict(model)  # a collective under FSDP/DeepSpeed: every process calls it
+    weights = full_state_dict(accelerator, model)  # a collective under FSDP/DeepSpeed: every process calls it
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        save_model_folder(accelerator.unwrap_model(model), tmp, tokenizer, state_dict=weights)
         atomic_write_text(tmp / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
     handle = accelerator.register_save_state_pre_hook(_skip_accelerate_weights)
     try:

@@ -16,11 +16,13 @@ on 16 GPUs or on 8 (with twice the accumulation); a count that does not divide i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from codeparrot.config import doc
+from codeparrot.config import REQUIRED, doc
+from codeparrot.data.records import resolve_data_files, split_folders
 from codeparrot.errors import CodeParrotError
 
 TRACKERS = ("tensorboard", "wandb")
@@ -106,7 +108,8 @@ class LoggingConfig:
     trackers: list[str] = doc(["tensorboard", "wandb"], "Accelerate trackers: any of tensorboard, wandb (W&B runs "
                                                         "offline when WANDB_API_KEY is not set).")
     project: str = doc("codeparrot", "Tracker project name.")
-    progress_bar: bool = doc(True, "Show a tqdm progress bar on the main process.")
+    progress_bar: bool = doc(True, "Show a tqdm progress bar on the main process (only where stderr is a "
+                                   "terminal: a log file gets the log lines, not the bar's redraws).")
 
 
 @dataclass
@@ -233,3 +236,55 @@ def _human(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
+
+
+@dataclass
+class ValidationLossConfig:
+    """scripts/validation_loss.py: the loss of any checkpoint on a dataset, on one or many processes."""
+
+    model: str = doc(REQUIRED, "model repository (local path or Hub id) or a model folder (e.g. a run's "
+                               "checkpoints/step-N or final/)")
+    dataset: str = doc(REQUIRED, "pretokenized folder, JSON/JSONL(.gz) shards (file, folder, glob) or a Hub "
+                                 "dataset id")
+    revision: Optional[str] = doc(None, "branch, tag or commit of --model (default: main; none for a folder)")
+    tokenizer: Optional[str] = doc(None, "tokenizer folder/repository (default: the model's)")
+    seq_length: Optional[int] = doc(None, "tokens per sequence (default: the model's context)")
+    batch_size: int = doc(8, "sequences per process per batch (default: 8)")
+    max_eval_steps: int = doc(-1, "batches per process; -1 = the whole dataset (default)")
+    text_column: str = doc("content", "record field with the text (default: content)")
+    num_workers: int = doc(0, "DataLoader workers per process (default: 0)")
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = doc(None, "default: from the Accelerate "
+                                                                         "config/launcher")
+    output: Optional[str] = doc(None, "also write the result as JSON here (atomically)")
+
+
+@dataclass
+class PretokenizeConfig:
+    """scripts/pretokenize.py: which clean shards are tokenized once into memory-mapped token files, and how."""
+
+    dataset: list[str] = doc(REQUIRED, "clean gzip/plain JSONL shards: a preprocess output root with train/ and "
+                                       "valid/ (each split is pretokenized), a folder of shards, a glob, or files",
+                             metavar="PATH_OR_GLOB")
+    tokenizer: str = doc(REQUIRED, "tokenizer folder (scripts/train_tokenizer.py), checkpoint repository or Hub id",
+                         metavar="DIR")
+    output_dir: str = doc(REQUIRED, "where the token files go (OUTPUT_DIR/train and OUTPUT_DIR/valid for a "
+                                    "preprocess root)")
+    num_workers: int = doc(max(1, os.cpu_count() or 1), "tokenizer processes (default: the number of CPU cores); "
+                                                        "output does not depend on it")
+    text_column: str = doc("content", "JSON field holding the file's text (default: content)")
+    batch_size: int = doc(1000, "records per batched tokenizer call and per task handed to a worker (default: 1000)")
+    progress: bool = doc(True, "no progress bar", flag="--quiet", inverted=True)
+
+    def validate(self) -> None:
+        if self.num_workers < 1 or self.batch_size < 1:
+            raise CodeParrotError("--num-workers and --batch-size must be >= 1")
+        for shards, _ in self.jobs():  # a wrong path fails now, before the tokenizer (and torch) are loaded
+            resolve_data_files(shards)
+
+    def jobs(self) -> list[tuple[str | list[str], Path]]:
+        """(shards, output folder) pairs: one per split of a preprocess root, else the dataset as given."""
+        output_dir = Path(self.output_dir)
+        splits = split_folders(Path(self.dataset[0]).expanduser()) if len(self.dataset) == 1 else {}
+        if splits:
+            return [(str(folder), output_dir / name) for name, folder in splits.items()]
+        return [(self.dataset[0] if len(self.dataset) == 1 else self.dataset, output_dir)]

@@ -5,6 +5,8 @@ Seen on a CPU-only machine (accelerate 1.x): `accelerate launch` with an FSDP co
 group and runs with `DistributedType.NO`: two independent trainings writing the same run folder. A launcher
 that asked for sharding (FSDP, DeepSpeed) whose processes run plain data parallel instead would, likewise,
 train something other than what was asked. Both stop here with one line saying what was asked and what was got.
+(On CPU processes, `ACCELERATE_USE_CPU=1`, Accelerate runs MULTI_CPU and codeparrot/training/sharding.py turns an
+FSDP request into Accelerate's FSDP2 path before `check_sharding` runs; DeepSpeed on CPU is refused here.)
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def check_one_job(num_processes: int, distributed_type: DistributedType, env: Ma
         raise CodeParrotError(
             f"the launcher started {_asked(env)} but this process runs alone ({distributed_type.name}, no process "
             f"group): {launched} independent trainings would write the same run folder. On a machine without a "
-            "GPU launch with --cpu (use_cpu: true), without FSDP/DeepSpeed (they need GPUs under Accelerate here)")
+            "GPU set ACCELERATE_USE_CPU=1: the processes then form one job over gloo (FSDP included, "
+            "configs/accelerate/fsdp.yaml; DeepSpeed needs GPUs)")
 
 
 def check_sharding(distributed_type: DistributedType, env: Mapping[str, str] | None = None) -> None:

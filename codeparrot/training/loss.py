@@ -1,5 +1,6 @@
 """The training and validation losses: next-token cross-entropy, fused with the LM head in chunks (the [B, T, V]
-logits are never materialized), or through the model's own head where the head is sharded.
+logits are never materialized), or through the model's own head (FSDP1 and DeepSpeed, whose sharded head
+the fused loss cannot gather; under FSDP2 it reads the gathered head weight, see `FusedHead`).
 
 With CodeParrot's 32,768-token vocabulary the LM head dominates small models: for the tiny preset 80% of
 the FLOPs, and for every model the largest activations (codeparrot-small: 12 × 1024 × 32,768 logits = 1.6 GB
@@ -28,15 +29,36 @@ import torch
 import torch.nn.functional as F
 from accelerate.utils import DistributedType
 
+from codeparrot.errors import CodeParrotError
+
 IGNORE_INDEX = -100
 
 
 class FusedHead(NamedTuple):
     """The LM head for the fused loss: its weight [V, D] and the dtype its matmuls run in (None: the autocast
-    in effect at the call, else the weight's dtype)."""
+    in effect at the call, else the weight's dtype).
 
-    weight: torch.Tensor
+    Under FSDP2 the weight is sharded (a DTensor holding V/N rows) except while its FSDP group is gathered:
+    `owner` is then the head module, whose `.weight` is read after each forward pass. Accelerate's FSDP2
+    preparation puts the final LayerNorm and the (tied) embedding/LM head in one group that stays gathered
+    from the forward pass to the backward pass (`reshard_after_forward=False`), so that read is the full [V, D]
+    parameter; its gradient, computed first in the backward pass, is reduce-scattered with the group's."""
+
+    weight: torch.Tensor | None
     compute_dtype: torch.dtype | None = None
+    owner: torch.nn.Module | None = None
+
+    def live_weight(self) -> torch.Tensor:
+        """The full [V, D] weight to use now (after the model's forward pass)."""
+        if self.owner is None:
+            return self.weight
+        from torch.distributed.tensor import DTensor
+
+        weight = self.owner.weight
+        if isinstance(weight, DTensor):
+            raise CodeParrotError("the LM head's weight is still sharded after the forward pass (its FSDP group "
+                                  "was resharded): the fused loss cannot run; set fused_loss: false")
+        return weight
 
 
 def default_chunk_rows(vocab_size: int, device: torch.device) -> int:
@@ -127,10 +149,11 @@ def causal_lm_loss(model, head_weight: torch.Tensor | FusedHead, input_ids: torc
     hidden = out.hidden_states[-1]  # [B, T, D]
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # position t predicts token t+1: [B·(T-1), D]
     targets = labels[:, 1:].reshape(-1)
+    weight = head.live_weight()  # under FSDP2: the gathered parameter, valid only now
     if head.compute_dtype is None or head.compute_dtype == torch.float32:
-        return linear_cross_entropy_sum(h, head.weight, targets, chunk_rows)
+        return linear_cross_entropy_sum(h, weight, targets, chunk_rows)
     with torch.autocast(h.device.type, dtype=head.compute_dtype):
-        return linear_cross_entropy_sum(h, head.weight, targets, chunk_rows)
+        return linear_cross_entropy_sum(h, weight, targets, chunk_rows)
 
 
 # ------------------------------------------------------------------------ what the loop and validation call
@@ -138,12 +161,16 @@ MIXED_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def fused_head_weight(accelerator, model) -> FusedHead | None:
-    """The LM head for the fused loss: its weight [V, D] and the accelerator's mixed-precision dtype (fp32 when
-    there is none), or None where the parameters are sharded (FSDP/DeepSpeed)."""
+    """The LM head for the fused loss: its weight [V, D] (under FSDP2 the head module, read after each forward)
+    and the accelerator's mixed-precision dtype (fp32 when there is none), or None where the head is sharded
+    in a way the fused loss cannot gather (FSDP1, DeepSpeed): those use the model's own loss."""
+    dtype = MIXED_PRECISION_DTYPES.get(accelerator.mixed_precision, torch.float32)
+    head = accelerator.unwrap_model(model).get_output_embeddings()
+    if accelerator.distributed_type == DistributedType.FSDP and getattr(accelerator, "is_fsdp2", False):
+        return FusedHead(None, dtype, owner=head)
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         return None
-    weight = accelerator.unwrap_model(model).get_output_embeddings().weight
-    return FusedHead(weight, MIXED_PRECISION_DTYPES.get(accelerator.mixed_precision, torch.float32))
+    return FusedHead(head.weight, dtype)
 
 
 def forward_loss(model, head: FusedHead | torch.Tensor | None, batch: torch.Tensor) -> torch.Tensor:

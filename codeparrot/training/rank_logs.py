@@ -1,6 +1,8 @@
 """Per-process log files, as the original training wrote: `<run>/logs/rank-N.log` holds the warnings (Python
 warnings and WARNING-or-worse log records) and uncaught errors of process N, every rank, not only the main one
-whose console the user watches. The console output is unchanged (warnings still go to stderr as before)."""
+whose console the user watches: uncaught exceptions and the `error: ...` line of a CodeParrotError, which run_cli
+prints on the main process only (so that it appears once on the console). The console output is unchanged
+(warnings still go to stderr as before)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+
+from codeparrot.errors import add_error_listener
 
 _current: logging.FileHandler | None = None  # this process's rank log (one per process; a new run replaces it)
 _console: logging.Handler | None = None
@@ -33,6 +37,14 @@ def _excepthook(kind, value, tb):
     _previous_excepthook(kind, value, tb)
 
 
+def _record_error_line(line: str) -> None:
+    """The `error: ...` line of a CodeParrotError reported by run_cli (printed by the main process only)."""
+    if _current is not None:
+        _current.handle(logging.makeLogRecord({"name": "codeparrot", "levelno": logging.ERROR, "levelname": "ERROR",
+                                               "msg": line}))
+        _current.flush()
+
+
 def open_rank_log(run_dir: Path, rank: int) -> Path:
     """Start appending this process's warnings and errors to `<run_dir>/logs/rank-<rank>.log` (returned)."""
     global _current, _console, _previous_showwarning, _previous_excepthook
@@ -54,6 +66,7 @@ def open_rank_log(run_dir: Path, rank: int) -> Path:
         _previous_showwarning, warnings.showwarning = warnings.showwarning, _show_warning
     if sys.excepthook is not _excepthook:
         _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
+    add_error_listener(_record_error_line)
     return path
 
 

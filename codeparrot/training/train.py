@@ -27,12 +27,13 @@ from tqdm.auto import tqdm
 from codeparrot.atomic_io import atomic_dir, ensure_writable_dir
 from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
+from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model, save_model_folder
 from codeparrot.repository.pusher import CheckpointPusher
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.checkpointing import (
     TrainerState,
+    full_state_dict,
     list_checkpoints,
     read_data_position,
     read_state,
@@ -43,7 +44,7 @@ from codeparrot.training.checkpointing import (
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
 from codeparrot.training.launch_checks import check_one_job, check_sharding
-from codeparrot.training.loss import forward_loss
+from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.optim import build_optimizer, build_scheduler
 from codeparrot.training.rank_logs import open_rank_log
@@ -55,7 +56,8 @@ from codeparrot.training.reporting import (
     redact,
     start_trackers,
 )
-from codeparrot.training.validation import EvalResult, evaluate, fused_head_weight
+from codeparrot.training.sharding import enable_fsdp_on_cpu, report_sharding
+from codeparrot.training.validation import EvalResult, evaluate
 
 
 @dataclass
@@ -111,6 +113,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step, whatever the process count
         dynamo_backend="inductor" if cfg.compile else None)
+    enable_fsdp_on_cpu(accelerator)  # CPU processes: Accelerate's FSDP2 over gloo (training/sharding.py)
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device
@@ -121,6 +124,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     optimizer = build_optimizer(model, cfg.optim, device)
     scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.schedule)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    report_sharding(accelerator, model)  # FSDP asked for: the parameters really are sharded
     train_loader = make_loader(cfg, train_ds, cfg.batch.micro_batch_size, device)
     head = fused_head_weight(accelerator, model) if cfg.fused_loss else None  # None: Hugging Face's loss
 
@@ -145,7 +149,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
     peak, peak_source = peak_flops(device, compute_dtype)
-    accelerator.print(f"{cfg.budget_summary(world)}\nMFU: {flops_per_token / 1e6:.1f} MFLOP/token (6N + 12LHQT), "
+    loss_kind = "fused LM head + cross-entropy" if head is not None else "the model's own (Hugging Face)"
+    accelerator.print(f"{cfg.budget_summary(world)}\nloss: {loss_kind}\n"
+                      f"MFU: {flops_per_token / 1e6:.1f} MFLOP/token (6N + 12LHQT), "
                       f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} per device ({peak_source})")
 
     # ---- 3. the loop ----
@@ -157,9 +163,10 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     deadline = None if cfg.max_minutes is None else time.perf_counter() + 60 * cfg.max_minutes
     stop = False  # set at a log step when max_minutes has run out (agreed on by all processes)
     profiler = None
+    # The bar only on a terminal: in a log file its redraws would share lines with the log lines, which
+    # already say the step, loss and speed every `log_every` steps.
     bar = tqdm(total=cfg.max_steps, initial=step, unit="step", dynamic_ncols=True,
-               mininterval=0.5 if sys.stderr.isatty() else 30,  # a log file gets an update every 30 s, not 10/s
-               disable=not (main and cfg.logging.progress_bar))
+               disable=not (main and cfg.logging.progress_bar and sys.stderr.isatty()))
     while step < cfg.max_steps:
         if profile_steps and step + 1 == profile_steps[0]:
             profiler = start_profiler(run_dir, device)
@@ -207,11 +214,10 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         if valid_ds is not None and (is_last or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)):
             result.final_eval = run_eval(cfg, model, head, valid_ds, accelerator, device)
             ev = result.final_eval
-            log(accelerator, metrics, {"step": step, "tokens_seen": tokens_seen, "val_loss": ev.loss,
-                                       "perplexity": ev.perplexity, "val_tokens": ev.tokens})
+            log(accelerator, metrics, {"step": step, "tokens_seen": tokens_seen, **ev.metrics()})
             if main:
                 bar.write(f"eval step {step}: val_loss {ev.loss:.4f} | perplexity {ev.perplexity:.2f} | "
-                          f"{ev.tokens:,} tokens")
+                          f"{ev.describe()}")
             clock, clock_steps = time.perf_counter(), 0
         if is_last or (cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0):
             result.last_checkpoint = save_checkpoint(
@@ -252,8 +258,6 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 def load_tokenizer_checked(cfg: TrainConfig):
     """(tokenizer, model folder) with the model/tokenizer/sequence-length consistency checked from config.json,
     before any weights are loaded."""
-
-
     if not cfg.model:
         raise CodeParrotError("model is not set: give the model repository (--model PATH_OR_HUB_ID)")
     model_dir = resolve_model_dir(cfg.model, cfg.revision)
@@ -351,11 +355,10 @@ def make_pusher(cfg: TrainConfig):
 def save_final_model(accelerator, model, tokenizer, folder: Path) -> None:
     """<run dir>/final: the last weights, config and tokenizer, a stable path that pruning never removes."""
 
-    weights = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed
+    weights = full_state_dict(accelerator, model)  # collective under FSDP/DeepSpeed
     if accelerator.is_main_process:
         with atomic_dir(folder) as tmp:
-            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
+            save_model_folder(accelerator.unwrap_model(model), tmp, tokenizer, state_dict=weights)
     accelerator.wait_for_everyone()
 
 

@@ -10,17 +10,21 @@ sum of token losses / number of predicted tokens over all processes, not a mean 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 
+from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.metrics import describe_eval
 from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
 from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
+from codeparrot.training.config import ValidationLossConfig
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
 from codeparrot.training.loss import IGNORE_INDEX, FusedHead, fused_head_weight, token_loss_sum
 
@@ -31,6 +35,19 @@ class EvalResult:
     perplexity: float
     tokens: int  # predicted tokens counted, over all processes
     batches: int  # eval steps taken (each process ran this many forwards, real or dummy)
+    sequences: int = 0  # real (not dummy) sequences scored, over all processes
+    seq_length: int | None = None  # tokens per sequence (None when there was no real batch)
+
+    def describe(self) -> str:
+        """What the loss was measured on: '40 sequences x 1,024 tokens (40,920 predicted tokens)'. Losses on
+        other sequence lengths or other sequences are not comparable: every printed figure carries this."""
+        return describe_eval({"val_sequences": self.sequences, "val_seq_length": self.seq_length,
+                              "val_tokens": self.tokens})
+
+    def metrics(self) -> dict:
+        """The metrics.jsonl keys of this evaluation (what a pushed checkpoint's metrics.json carries)."""
+        return {"val_loss": self.loss, "perplexity": self.perplexity, "val_tokens": self.tokens,
+                "val_sequences": self.sequences, "val_seq_length": self.seq_length}
 
 
 @torch.no_grad()
@@ -48,6 +65,8 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.int64, device=device)
+    sequences = 0
+    seq_length = None
     iterator: Iterator[torch.Tensor] = iter(batches)
     steps = 0
     shape = dummy_shape
@@ -60,6 +79,8 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
             break
         if batch is not None:
             shape = tuple(batch.shape)
+            sequences += shape[0]
+            seq_length = shape[1]
             input_ids = batch.to(device, non_blocking=True)
             labels = input_ids
         else:
@@ -71,14 +92,16 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
         loss_sum += batch_loss.double()
         count += batch_count
         steps += 1
-    totals = torch.stack([loss_sum, count.double()])
+    totals = torch.stack([loss_sum, count.double(), torch.tensor(float(sequences), dtype=torch.float64,
+                                                                 device=device)])
     if accelerator.num_processes > 1:
         totals = accelerator.reduce(totals, reduction="sum")
-    total_loss, total_count = totals.tolist()
+    total_loss, total_count, total_sequences = totals.tolist()
     if was_training:
         model.train()
     loss = total_loss / total_count if total_count else float("nan")
-    return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps)
+    return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps,
+                      sequences=int(total_sequences), seq_length=seq_length or (shape[1] if shape else None))
 
 
 def perplexity(loss: float) -> float:
@@ -116,4 +139,23 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     accelerator.end_training()
     return {"model": model_ref, "revision": revision, "dataset": str(dataset), "seq_length": seq_length,
             "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
-            "eval_steps": result.batches, "processes": accelerator.num_processes}
+            "sequences": result.sequences, "eval_steps": result.batches, "processes": accelerator.num_processes,
+            "measured_on": result.describe()}
+
+
+def run_validation_loss(cfg: ValidationLossConfig) -> dict:
+    """scripts/validation_loss.py: `validation_loss` for `cfg`; the main process prints one line and writes the
+    result to `cfg.output` (or prints it as JSON)."""
+    result = validation_loss(cfg.model, cfg.dataset, revision=cfg.revision, tokenizer_ref=cfg.tokenizer,
+                             seq_length=cfg.seq_length, batch_size=cfg.batch_size,
+                             max_eval_steps=cfg.max_eval_steps, text_column=cfg.text_column,
+                             num_workers=cfg.num_workers, mixed_precision=cfg.mixed_precision)
+    if PartialState().is_main_process:
+        print(f"validation loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | "
+              f"{result['measured_on']} | {result['processes']} process(es) | {cfg.model}"
+              f"{'@' + cfg.revision if cfg.revision else ''} on {cfg.dataset}")
+        if cfg.output:
+            atomic_write_json(cfg.output, result)
+        else:
+            print(json.dumps(result))
+    return result

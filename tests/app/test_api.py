@@ -84,6 +84,7 @@ def test_promote_needs_confirmation_and_moves_main(client, served):
     status, rows = client.predict("exp", "latest", True, api_name="/promote")
     after = repo.resolve_revision("main")
     assert after != before and after[:12] in status and "promoted exp@" in status
+    assert f"main held {before[:12]} (" in status  # what main held before
     # main now holds the memorized checkpoint's files
     assert repo.list_commits("main")[0].message.startswith("promote ")
     assert rows["data"][0][0] == "main" and rows["data"][0][1] == 20

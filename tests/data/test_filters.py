@@ -136,6 +136,18 @@ def test_no_keywords_fix_prose_in_comments_does_not_count_as_code():
     assert not has_no_keywords("n = 3\nwhile n:\n    n -= 1\n")
 
 
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\u2028"])
+def test_line_based_scans_split_lines_like_the_other_filters(newline):
+    # A file saved with old-Mac CR-only (or CR LF, or Unicode) line breaks is the same code: the keyword and
+    # assignment scans must see its lines, as the line-length filters do, and keep it.
+    text = LIBRARY_MODULE.replace("\n", newline)
+    assert len(text.splitlines()) == len(LIBRARY_MODULE.splitlines())
+    assert not has_no_keywords(text)
+    assert count_assignments(text) == count_assignments(LIBRARY_MODULE) == 10
+    assert TextFilter(seed=0).reason(text) is None
+    assert has_no_keywords("# for each code\rERR_1 = 1\rERR_2 = 2\r")  # still no statement on any line
+
+
 def test_count_assignments_fix_comparisons_strings_and_comments_do_not_count():
     code = '''
 x = 1               # assignment

@@ -75,6 +75,10 @@ def test_full_run_prints_stats_and_loads_back_with_datasets(corpus, tmp_path, re
                + stats["decontaminated"] + stats["near_duplicates"])
     assert removed + stats["kept_train"] + stats["kept_valid"] == stats["input_records"]
     assert stats["kept_valid"] > 0 and 0 < stats["bytes_out"] < stats["bytes_in"]
+    # No --tokenizer: the characters-per-token filter did not run, and both the summary and stats.json say so.
+    assert stats["filters_off"] == {"chars_per_token": "no --tokenizer"} and "chars_per_token" not in stats["filtered"]
+    assert "filtered: chars_per_token (OFF: no --tokenizer)" in result.stdout
+    assert stats["warnings"] == [] and "warning" not in result.stderr
 
     clusters = json.loads((out / "duplicate_clusters.json").read_text())
     assert clusters["num_clusters"] == len(clusters["clusters"]) >= 2
@@ -245,7 +249,9 @@ def test_config_errors_are_clear(tmp_path):
         preprocess(PreprocessConfig(["x"], str(tmp_path / "o"), valid_fraction=2.0))
 
 
-def test_tokenizer_enables_the_chars_per_token_filter_in_the_workers(tmp_path, stdlib_texts):
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory, stdlib_texts) -> Path:
+    """A 500-token byte-level BPE saved with save_pretrained (what --tokenizer takes)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -253,13 +259,60 @@ def test_tokenizer_enables_the_chars_per_token_filter_in_the_workers(tmp_path, s
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator(stdlib_texts[:30], trainers.BpeTrainer(vocab_size=500, show_progress=False,
                                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path / "tok")
-    cjk = "\n".join(f"变量{i} = '中文字符测试文本{i}'" for i in range(80)) + "\nfor k in []:\n    pass\n"
+    folder = tmp_path_factory.mktemp("tok")
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    return folder
+
+
+CJK = "\n".join(f"变量{i} = '中文字符测试文本{i}'" for i in range(80)) + "\nfor k in []:\n    pass\n"
+
+
+def test_tokenizer_enables_the_chars_per_token_filter_in_the_workers(tmp_path, stdlib_texts, small_tokenizer):
+    (tmp_path / "tok").symlink_to(small_tokenizer)
+    cjk = CJK
     code = next(t for t in stdlib_texts[30:] if TextFilter(seed=0).reason(t) is None)  # passes the other filters
     src = _write_jsonl(tmp_path / "in.jsonl", [{"content": code}, {"content": cjk}])
     stats = preprocess(PreprocessConfig([str(src)], str(tmp_path / "out"), num_workers=1, tokenizer=str(tmp_path / "tok"),
                                         valid_fraction=0, decontaminate=False, progress=False))
-    assert stats["filtered"]["chars_per_token"] == 1
+    assert stats["filtered"]["chars_per_token"] == 1 and stats["filters_off"] == {}
     assert [r["content"] for r in _rows(tmp_path / "out" / "train")] == [code]
     with pytest.raises(CodeParrotError, match="tokenizer not found"):
         preprocess(PreprocessConfig([str(src)], str(tmp_path / "out2"), tokenizer=str(tmp_path / "missing")))
+
+
+def test_an_empty_valid_split_is_a_warning_at_preprocessing_time(tmp_path, repo_root, python, scripts_env):
+    # 3 files x 1% ~ 0.03 expected valid files: the split ends up empty, which training would only report later.
+    code = "def area_{i}(width, height):\n    size = width * height\n    return size\n"
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"content": code.format(i=i)} for i in range(3)])
+    result = _run(repo_root, python, scripts_env, "--input", str(src), "--output-dir", str(tmp_path / "out"),
+                  "--num-workers", "0", "--no-filter-few-assignments")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["kept_valid"] == 0 and stats["kept_train"] == 3
+    assert stats["filters_off"] == {"chars_per_token": "no --tokenizer", "few_assignments": "--no-filter-few-assignments"}
+    assert len(stats["warnings"]) == 1 and "valid split is empty" in stats["warnings"][0]
+    assert "warning: the valid split is empty" in result.stderr and "--valid-fraction 0.01" in result.stderr
+    assert (tmp_path / "out" / "valid").is_dir()  # still an (empty) folder
+    # --valid-fraction 0 asks for no valid split: nothing to warn about.
+    stats = preprocess(PreprocessConfig([str(src)], str(tmp_path / "out0"), num_workers=0, valid_fraction=0,
+                                        progress=False))
+    assert stats["kept_valid"] == 0 and stats["warnings"] == []
+
+
+def test_a_second_pass_with_a_tokenizer_equals_one_pass_with_it(tmp_path, stdlib_texts, small_tokenizer):
+    # What the demo does (its tokenizer is trained after preprocessing): preprocess, then run the clean splits
+    # through preprocess again with --tokenizer. Every other decision depends only on the content and seed, so
+    # the result is the single run with the tokenizer: same files, same splits.
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"content": t} for t in [CJK, *stdlib_texts[30:90], CJK + "# 2\n"]])
+    common = dict(num_workers=0, valid_fraction=0.2, progress=False, seed=3)
+    once = preprocess(PreprocessConfig([str(src)], str(tmp_path / "once"), tokenizer=str(small_tokenizer), **common))
+    first = preprocess(PreprocessConfig([str(src)], str(tmp_path / "first"), **common))
+    second = preprocess(PreprocessConfig([str(tmp_path / "first" / "train"), str(tmp_path / "first" / "valid")],
+                                         str(tmp_path / "second"), tokenizer=str(small_tokenizer), **common))
+    dropped = once["filtered"]["chars_per_token"]
+    assert dropped >= 2 and second["filtered"]["chars_per_token"] == dropped  # the two CJK files at least
+    assert sum(second["filtered"].values()) == dropped and second["kept_valid"] > 0
+    for split in ("train", "valid"):
+        assert (sorted(r["content"] for r in _rows(tmp_path / "second" / split))
+                == sorted(r["content"] for r in _rows(tmp_path / "once" / split)))
+    assert first["kept_train"] + first["kept_valid"] == once["kept_train"] + once["kept_valid"] + dropped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -256,7 +257,15 @@ def test_script_imports_the_real_package_and_needs_opt_in(tmp_path, scripts_env,
             "--k", "1", "--no-progress"]
     refused = subprocess.run(base, env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 0 and not out.exists() and "CODEPARROT_ALLOW_CODE_EXECUTION=1" in refused.stdout
-    assert "--completions" in refused.stdout
+    # the printed scoring command asks for execution once (the flag, no variable in front of it) and works as is
+    command = refused.stdout.strip().splitlines()[-1].strip()
+    assert command.startswith("python scripts/human_eval.py --completions") and "ALLOW" not in command
+    assert command.split().count("--allow-code-execution") == 1
+    printed = subprocess.run([sys.executable, *shlex.split(command)[1:], "--no-progress"], cwd=repo_root, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(out.read_text())["pass_at_k"]["none"]["pass@1"]["value"] == 1.0
+    out.unlink()
     scored = subprocess.run(base, env={**env, "CODEPARROT_ALLOW_CODE_EXECUTION": "1"}, capture_output=True,
                             text=True, timeout=120)
     assert scored.returncode == 0, scored.stderr
@@ -307,3 +316,6 @@ def test_resume_names_each_differing_setting(tmp_path, problems):
         with pytest.raises(CodeParrotError, match=rf"other settings \({key}: [^;]*\);") as err:
             run(_config(**{**base, flag: value}))
         assert "\n" not in str(err.value)
+        # names the real files: the samples and s.jsonl.meta.json (not a made-up "s.jsonl.meta")
+        assert str(err.value).startswith(f"{samples} holds samples")
+        assert f"recorded in {tmp_path / 's.jsonl.meta.json'};" in str(err.value)

@@ -210,3 +210,63 @@ def test_hub_read_side_for_real_through_an_olah_mirror(run, scripts_env, python,
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_pushed_losses_drive_plot_and_promote_from_the_repository_alone(run, tmp_path):
+    """The pusher writes each checkpoint's validation loss (from the run's metrics.jsonl) into the commit;
+    `checkpoints.py plot` draws the curve and `promote BRANCH` picks the lowest loss with nothing but the
+    repository (the run folder is deleted first), saying which, why, and what main held before."""
+    import shutil
+
+    from codeparrot.repository.pusher import CheckpointPusher
+
+    repo_path = tmp_path / "repo"
+    repo = open_repository(str(repo_path), create=True)
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text("{}")
+    initial = repo.commit_folder(init, "main", "initial model")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    losses = {10: 6.5, 20: 5.25, 30: 5.5}  # the best is not the newest
+    pusher = CheckpointPusher(str(repo_path), "exp", backoff_s=0.01)
+    for step, loss in losses.items():
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss + 1, "tokens_seen": step * 64}) + "\n")
+            f.write(json.dumps({"step": step, "tokens_seen": step * 64, "val_loss": loss, "perplexity": 1.0,
+                                "val_tokens": 630, "val_sequences": 10, "val_seq_length": 64}) + "\n")
+        ckpt = run_dir / f"step-{step}"
+        ckpt.mkdir()
+        (ckpt / "weights.bin").write_text(f"step {step}")
+        pusher.push(ckpt, f"step {step}")
+    assert pusher.wait() == []
+    commits = {c.step: c.commit_id for c in repo.list_commits("exp") if c.step}
+    shutil.rmtree(run_dir)
+
+    png = tmp_path / "plot.png"
+    plotted = run("checkpoints.py", "plot", repo_path, "--branch", "exp", "--output", png)
+    assert plotted.returncode == 0, plotted.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    points = json.loads(png.with_suffix(".json").read_text())
+    assert [(p["step"], p["loss"]) for p in points] == list(losses.items())
+    assert all(p["measured_on"] == "10 sequences x 64 tokens (630 predicted tokens)" for p in points)
+    assert "validation loss 5.2500" in plotted.stdout and "on 10 sequences x 64 tokens" in plotted.stdout
+
+    promoted = run("checkpoints.py", "promote", repo_path, "--revision", "exp")
+    assert promoted.returncode == 0, promoted.stderr
+    out = promoted.stdout
+    assert f"step 20 ({commits[20][:12]})" in out and "lowest pushed validation loss" in out and "5.2500" in out
+    assert "the newest, step 30, has 5.5000" in out
+    assert f"main before: {initial[:12]} 'initial model'" in out
+    main_log = repo.list_commits("main")
+    assert main_log[0].step == 20 and commits[20][:12] in main_log[0].message
+    # a branch without pushed losses: promoted at its newest checkpoint, and the report says there was no loss
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "weights.bin").write_text("x")
+    repo.commit_folder(folder, "bare", "step 5")
+    promoted = run("checkpoints.py", "promote", repo_path, "--revision", "bare")
+    assert promoted.returncode == 0 and "no validation loss was pushed" in promoted.stdout
+    assert f"main before: {main_log[0].commit_id[:12]}" in promoted.stdout
+    # no pushed losses and no --dataset: a one-line error
+    _one_line_error(run("checkpoints.py", "plot", repo_path, "--branch", "bare", "--output", png), "give --dataset")

@@ -18,14 +18,8 @@ from codeparrot.repository.model import (
     matmul_parameters,
     to_gpt2_config,
 )
-from codeparrot.tokenizer import train_tokenizer
 
 VOCAB = 32768
-
-
-@pytest.fixture(scope="module")
-def small_tokenizer(stdlib_texts):
-    return train_tokenizer(stdlib_texts[:10], vocab_size=400, show_progress=False)
 
 
 def _preset(repo_root, name):
@@ -63,14 +57,14 @@ def test_presets_match_codeparrot(repo_root):
     assert 1e6 < n_tiny < 10e6 and tiny.n_positions >= 1024  # CPU-sized, but HumanEval prompts still fit
 
 
-def test_vocab_and_special_ids_come_from_the_tokenizer(small_tokenizer, repo_root):
-    config = to_gpt2_config(_preset(repo_root, "tiny"), small_tokenizer)
-    eos = small_tokenizer.eos_token_id
-    assert config.vocab_size == len(small_tokenizer) == 400
+def test_vocab_and_special_ids_come_from_the_tokenizer(code_tokenizer, repo_root):
+    config = to_gpt2_config(_preset(repo_root, "tiny"), code_tokenizer)
+    eos = code_tokenizer.eos_token_id
+    assert config.vocab_size == len(code_tokenizer) == 1000
     assert config.bos_token_id == config.eos_token_id == config.pad_token_id == eos != 50256
     assert config.scale_attn_by_inverse_layer_idx and config.reorder_and_upcast_attn
     model = build_model(config, seed=0)
-    assert model.get_input_embeddings().weight.shape == (400, 128)
+    assert model.get_input_embeddings().weight.shape == (len(code_tokenizer), 128)
     assert model.generation_config.eos_token_id == eos and model.generation_config.pad_token_id == eos
 
 
@@ -137,9 +131,9 @@ def test_sdpa_default_matches_eager_upcast_attention(monkeypatch):
     assert err_sdpa < 2 * err_eager + 1e-3
 
 
-def test_saved_model_keeps_its_attention_implementation(tmp_path, small_tokenizer):
+def test_saved_model_keeps_its_attention_implementation(tmp_path, code_tokenizer):
     cfg = ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=32, attn_implementation="eager")
-    model = build_model(to_gpt2_config(cfg, small_tokenizer), seed=0)
+    model = build_model(to_gpt2_config(cfg, code_tokenizer), seed=0)
     model.save_pretrained(tmp_path / "m")
     loaded = load_pretrained_model(str(tmp_path / "m"))
     assert loaded.config._attn_implementation == "eager"

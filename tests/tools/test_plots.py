@@ -149,3 +149,52 @@ def test_checkpoint_losses(tmp_path):
         plot_checkpoint_losses([], tmp_path / "none.png", "nothing")
     with pytest.raises(CodeParrotError, match="no checkpoints"):
         plot_checkpoint_losses([(1, float("nan"))], tmp_path / "none.png", "nothing")
+
+
+def _visible_tick_labels(norms: list[float]) -> list[str]:
+    """The y tick labels a reader sees on a drawn grad-norm axis (inside the view, non-empty)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from codeparrot.tools.plots import grad_norm_axis
+
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(range(len(norms)), norms)
+    grad_norm_axis(ax, norms)
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    ticks = list(ax.yaxis.get_major_ticks()) + list(ax.yaxis.get_minor_ticks())
+    return [t.label1.get_text() for t in ticks
+            if t.label1.get_visible() and t.label1.get_text() and lo <= t.get_loc() <= hi]
+
+
+@pytest.mark.parametrize("norms", [
+    [0.3 + 0.05 * math.sin(i) for i in range(50)],  # less than a decade: the case that had one label
+    [1.0 + 0.2 * math.cos(i) for i in range(50)],
+    [0.5] * 20 + [40.0] + [0.6] * 20,  # a spike: log scale
+])
+def test_grad_norm_axis_has_readable_values(norms):
+    labels = _visible_tick_labels(norms)
+    assert len(labels) >= 3, labels
+    assert all(float(label.replace("\u2212", "-")) > 0 for label in labels), labels
+
+
+def test_plot_losses_several_branches_with_what_they_were_measured_on(tmp_path):
+    from codeparrot.tools.plots import LossPoint, plot_losses
+
+    points = [LossPoint("a", s, s * 100, 6 - s / 10) for s in (10, 20, 30)] + [LossPoint("b", 10, 1000, 5.5)]
+    _assert_sensible_png(plot_losses(points, tmp_path / "l.png", "validation loss", "10 sequences x 64 tokens"))
+    with pytest.raises(CodeParrotError, match="no validation losses"):
+        plot_losses([LossPoint("a", 1, None, float("nan"))], tmp_path / "none.png", "t")
+
+
+def test_rerun_summary_shows_reused_stage_times_not_zero():
+    from codeparrot.tools.demo_summary import stage_time_line
+
+    fresh = stage_time_line({"export": 1.2, "train": 264.0, "total": 270.0}, [])
+    assert fresh == "stage wall time (s): export 1, train 264, total 270"
+    rerun = stage_time_line({"export": 1.2, "train": 264.0, "total": 0.4}, ["export", "train"])
+    assert "train 264 (reused)" in rerun and "this run 0 (2 of 2 stages reused)" in rerun
+    assert "all stages when they ran 265" in rerun and "total 0" not in rerun

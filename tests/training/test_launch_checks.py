@@ -35,8 +35,9 @@ def test_fsdp_launch_on_a_machine_without_gpus_stops_at_once_with_one_line(repo_
     errors = [line for line in everything.splitlines() if line.startswith("error: ")]
     assert errors == [("error: the launcher started FSDP over 2 process(es) (WORLD_SIZE=2, ACCELERATE_USE_FSDP=true) "
                       "but this process runs alone (NO, no process group): 2 independent trainings would write the "
-                      "same run folder. On a machine without a GPU launch with --cpu (use_cpu: true), without "
-                      "FSDP/DeepSpeed (they need GPUs under Accelerate here)")], everything
+                      "same run folder. On a machine without a GPU set ACCELERATE_USE_CPU=1: the processes then "
+                      "form one job over gloo (FSDP included, configs/accelerate/fsdp.yaml; DeepSpeed needs GPUs)")
+                      ], everything
     assert not run_dir.exists()  # stopped before the run folder was touched
 
 
@@ -81,3 +82,27 @@ def test_rank_log_holds_this_process_warnings_and_errors(tmp_path, scripts_env):
     console = done.stderr
     assert "UserWarning: tracker wandb could not start" in console and "push 'step 5' failed" in console
     assert console.rstrip().endswith("RuntimeError: boom") and console.count("RuntimeError: boom") == 1
+
+
+ERROR_SCRIPT = """
+import sys
+from codeparrot.errors import CodeParrotError, run_cli
+from codeparrot.training.rank_logs import open_rank_log
+
+def main():
+    open_rank_log(sys.argv[1], 1)
+    raise CodeParrotError("shard 7 of rank 1 is unreadable")
+
+run_cli(main)
+"""
+
+
+def test_non_main_rank_error_line_goes_to_its_rank_log(tmp_path, scripts_env):
+    """run_cli prints a CodeParrotError on the main process only (once on the console); a non-main rank's
+    `error:` line still reaches its own rank log."""
+    env = {**scripts_env, "RANK": "1"}
+    done = subprocess.run([sys.executable, "-c", ERROR_SCRIPT, str(tmp_path / "run")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "error:" not in done.stderr, done.stderr
+    text = (tmp_path / "run" / "logs" / "rank-1.log").read_text()
+    assert "rank 1 ERROR codeparrot: error: shard 7 of rank 1 is unreadable" in text

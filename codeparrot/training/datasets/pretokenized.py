@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -37,6 +38,8 @@ from tqdm.auto import tqdm
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.data.records import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
+from codeparrot.tokenizer import load_tokenizer
+from codeparrot.training.config import PretokenizeConfig
 from codeparrot.training.datasets.constant_length import encode_with_eos, eos_token_id, token_dtype, vocab_size_of
 from codeparrot.training.datasets.record_streams import check_has_records, parse_record
 from codeparrot.training.datasets.resumable import Reader, ResumableIterableDataset, check_state_matches
@@ -156,7 +159,7 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
     per_file = state["files"] or [{"path": p, "n_records": 0, "n_tokens": 0} for p in files]
 
     start = time.perf_counter()
-    bar = tqdm(total=None, unit="tok", unit_scale=True, disable=not progress, desc=f"pretokenize {output_dir.name}",
+    bar = tqdm(total=None, unit="tok", unit_scale=True, disable=None if progress else True, desc=f"pretokenize {output_dir.name}",
                initial=state["n_tokens"])
     pool = None
     if num_workers > 1:
@@ -285,3 +288,21 @@ class _PretokenizedIterator:
         return {"kind": "pretokenized", "version": VERSION, "started": True, "epoch": self.epoch, "pos": self.pos,
                 "reader_id": self.reader_id, "n_readers": self.n_readers, "n_tokens": self.ds.index["n_tokens"],
                 "seq_length": self.ds.seq_length, "seed": self.ds.seed, "shuffle": self.ds.shuffle}
+
+
+def run_pretokenize(cfg: PretokenizeConfig) -> list[dict]:
+    """scripts/pretokenize.py: pretokenize every split `cfg` names, one summary line each; returns the indexes."""
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    indexes = []
+    for shards, out in cfg.jobs():
+        print(f"pretokenizing {shards} -> {out} with {cfg.num_workers} worker(s)", file=sys.stderr)
+        index = pretokenize(shards, tokenizer, out, text_column=cfg.text_column, num_workers=cfg.num_workers,
+                            batch_size=cfg.batch_size, progress=cfg.progress)
+        indexes.append(index)
+        if index.get("reused"):
+            print(f"{out}: already holds this data tokenized by this tokenizer ({index['n_tokens']:,} tokens); "
+                  "nothing to do")
+            continue
+        print(f"{out}: {index['n_tokens']:,} tokens ({index['dtype']}) from {index['n_records']:,} files in "
+              f"{len(index['files'])} shard(s); {index['seconds']:.1f} s, {index['tokens_per_second']:,} tokens/s")
+    return indexes

@@ -34,25 +34,6 @@ def complete_docs(tokenizer, seqs):
     return tokenizer.decode(flat(seqs).tolist()).split("<|endoftext|>")[:-1]
 
 
-class RecordingTokenizer:
-    """The public tokenizer interface (batch `__call__`, EOS, vocabulary) that remembers every text it
-    tokenized, to check which process tokenized what."""
-
-    def __init__(self, inner):
-        self.inner, self.seen = inner, []
-        self.eos_token_id = inner.eos_token_id
-
-    def __len__(self):
-        return len(self.inner)
-
-    def get_vocab(self):
-        return self.inner.get_vocab()
-
-    def __call__(self, texts, add_special_tokens=False):
-        self.seen.extend(texts)
-        return self.inner(texts, add_special_tokens=add_special_tokens)
-
-
 def test_chunks_are_the_eos_joined_tokenization_minus_the_last_partial_chunk(tokenizer, shards, texts,
                                                                              eos_joined):
     seqs = list(ConstantLengthDataset(tokenizer, str(shards), seq_length=L, num_of_sequences=8))
@@ -79,11 +60,11 @@ def test_tail_carries_over_buffer_boundaries(tokenizer, shards):
 
 @pytest.mark.parametrize("n_shards,world_size", [(4, 2), (1, 2), (3, 4)], ids=["by-shard", "by-record", "3-of-4"])
 def test_ranks_tokenize_disjoint_parts_that_cover_everything(tokenizer, tmp_path, texts, n_shards, world_size,
-                                                             write_shards, eos_joined):
+                                                             write_shards, eos_joined, watched_tokenizer):
     folder = write_shards(tmp_path / "data", texts, n_shards)
     seen = []
     for rank in range(world_size):
-        recorder = RecordingTokenizer(tokenizer)
+        recorder = watched_tokenizer(tokenizer)
         seqs = list(ConstantLengthDataset(recorder, folder, seq_length=L, num_of_sequences=4, rank=rank,
                                           world_size=world_size))
         # what this rank yields is exactly the EOS-joined tokenization of what it (alone) tokenized
@@ -157,19 +138,19 @@ RESUME_CASES = {
 
 @pytest.mark.parametrize("case", RESUME_CASES)
 def test_state_round_trip_continues_with_the_next_sequence(tokenizer, tmp_path, texts, case, write_shards,
-                                                           eos_joined):
+                                                           eos_joined, watched_tokenizer):
     kw = RESUME_CASES[case]
     folder = write_shards(tmp_path / "d", texts[:12], 3)
     total = 2 * len(eos_joined(tokenizer, texts[:12])) // L if kw.get("infinite") else None
     full_it = iter(ConstantLengthDataset(tokenizer, folder, seq_length=L, **kw))
     full = [s for _, s in zip(range(total), full_it)] if total else list(full_it)
     for k in (0, 1, 13, len(full) // 2 + 5):
-        first = RecordingTokenizer(tokenizer)
+        first = watched_tokenizer(tokenizer)
         ds = ConstantLengthDataset(first, folder, seq_length=L, **kw)
         it = iter(ds)
         head = [next(it) for _ in range(k)]
         state = roundtrip(ds.state_dict())
-        second = RecordingTokenizer(tokenizer)
+        second = watched_tokenizer(tokenizer)
         resumed = ConstantLengthDataset(second, folder, seq_length=L, **kw)
         resumed.load_state_dict(state)
         rest_it = iter(resumed)
@@ -190,7 +171,7 @@ def test_state_of_another_split_is_refused(tokenizer, shards):
         iter(other)
 
 
-def test_hub_streaming_path_matches_local_shards_and_resumes(tokenizer, shards, texts):
+def test_hub_streaming_path_matches_local_shards_and_resumes(tokenizer, shards, texts, watched_tokenizer):
     # The `datasets` streaming path (what a Hub id uses), offline through its "json" builder.
     files = sorted(str(p) for p in shards.iterdir())
     local = list(ConstantLengthDataset(tokenizer, shards, seq_length=L, num_of_sequences=4))
@@ -199,7 +180,7 @@ def test_hub_streaming_path_matches_local_shards_and_resumes(tokenizer, shards, 
 
     per_rank = []  # 4 shards over 8 readers: split by record through the library's stream
     for rank in range(8):
-        rec = RecordingTokenizer(tokenizer)
+        rec = watched_tokenizer(tokenizer)
         list(ConstantLengthDataset(rec, files, seq_length=L, num_of_sequences=4, hub_dataset="json", rank=rank,
                                    world_size=8))
         per_rank.append(rec.seen)

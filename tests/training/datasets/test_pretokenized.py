@@ -57,43 +57,24 @@ def test_worker_count_does_not_change_the_output(pretok, shards, tokenizer, tmp_
     assert (out / TOKENS_NAME).read_bytes() == (pretok / TOKENS_NAME).read_bytes()
 
 
-class DiesAfter:
-    """A tokenizer that fails on its n-th batch call (a killed run, as far as the output is concerned)."""
-
-    def __init__(self, inner, n):
-        self.inner, self.n = inner, n
-        self.eos_token_id = inner.eos_token_id
-
-    def __len__(self):
-        return len(self.inner)
-
-    def get_vocab(self):
-        return self.inner.get_vocab()
-
-    def __call__(self, texts, add_special_tokens=False):
-        self.n -= 1
-        if self.n < 0:
-            raise KeyboardInterrupt
-        return self.inner(texts, add_special_tokens=add_special_tokens)
-
-
-def test_interrupted_run_leaves_no_output_and_resumes(pretok, shards, tokenizer, tmp_path, monkeypatch):
+def test_interrupted_run_leaves_no_output_and_resumes(pretok, shards, tokenizer, tmp_path, monkeypatch,
+                                                      watched_tokenizer):
     import codeparrot.training.datasets.pretokenized as module
 
     monkeypatch.setattr(module.time, "monotonic", lambda: float(next(clock)))  # progress saved every batch
     clock = iter(range(0, 10**6, 10))
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        pretokenize(shards, DiesAfter(tokenizer, 4), out, batch_size=3, progress=False)
+        pretokenize(shards, watched_tokenizer(tokenizer, fail_after=4), out, batch_size=3, progress=False)
     partial = tmp_path / ".resumed.partial"
     assert not out.exists() and partial.is_dir()
     assert json.loads((partial / "progress.json").read_text())["n_tokens"] > 0
-    clean_run, resumed_run = DiesAfter(tokenizer, 10**6), DiesAfter(tokenizer, 10**6)
+    clean_run, resumed_run = watched_tokenizer(tokenizer), watched_tokenizer(tokenizer)
     pretokenize(shards, clean_run, tmp_path / "clean_run", batch_size=3, progress=False)
     index = pretokenize(shards, resumed_run, out, batch_size=3, progress=False)
     assert (out / TOKENS_NAME).read_bytes() == (pretok / TOKENS_NAME).read_bytes()
     # the 4 batches done before the "kill" were not tokenized again
-    assert 10**6 - resumed_run.n == 10**6 - clean_run.n - 4
+    assert resumed_run.calls == clean_run.calls - 4
     assert not partial.exists() and index["n_records"] == 40
     assert pretokenize(shards, tokenizer, out, progress=False)["reused"]  # same job again: nothing to do
 

@@ -1,0 +1,116 @@
+"""Preprocessing input from a dataset repository, streamed: `--input hf://datasets/OWNER/NAME` or `--dataset-id`.
+
+The real export (about 20M files, `codeparrot/codeparrot` or `transformersbook/codeparrot` on the Hub) is read
+with `datasets.load_dataset(..., streaming=True)`: rows arrive shard by shard, nothing is downloaded whole and
+memory does not grow with the dataset. Each row is serialized back to one JSON line, which then goes through
+the same parser and bad-record rules as a line of a local export file (missing or non-string text column, NUL
+bytes, ...), and is copied to the output shards byte for byte like any other input line. A row's location is
+`hf://datasets/OWNER/NAME[@REVISION]:SPLIT:ROW` (1-based), in `stats.json` and `duplicate_clusters.json`.
+
+`--dataset-id` also takes a local dataset repository folder (e.g. a `git clone` of a dataset repository or a
+mirror of it): whatever `load_dataset` accepts. Offline (`HF_HUB_OFFLINE=1`) only local folders and the
+`datasets` cache work; `HF_ENDPOINT` points the Hub client at a mirror.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codeparrot.data.records import BadRecords, Location, iter_raw_records, parse_line, resolve_data_files
+from codeparrot.errors import CodeParrotError
+
+HUB_PREFIX = "hf://datasets/"
+
+
+@dataclass(frozen=True)
+class HubInput:
+    """One split of a dataset repository (a Hub id OWNER/NAME or a local folder), read as a stream of rows."""
+
+    dataset_id: str
+    split: str = "train"
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        name = self.dataset_id if os.path.isdir(self.dataset_id) else HUB_PREFIX + self.dataset_id
+        return f"{name}{'@' + self.revision if self.revision else ''}:{self.split}"
+
+
+def is_hub_spec(spec: str | os.PathLike) -> bool:
+    return str(spec).startswith(HUB_PREFIX)
+
+
+def parse_hub_spec(spec: str, split: str = "train", revision: str | None = None) -> HubInput:
+    """`hf://datasets/OWNER/NAME` -> HubInput (one-line error for anything else)."""
+    parts = str(spec)[len(HUB_PREFIX):].strip("/").split("/")
+    if len(parts) != 2 or not all(parts):
+        raise CodeParrotError(f"--input {spec}: a Hub dataset is hf://datasets/OWNER/NAME "
+                              "(use --split and --revision to choose the split and the commit)")
+    return HubInput("/".join(parts), split, revision)
+
+
+def resolve_inputs(specs: Sequence[str], dataset_id: str | None = None, split: str = "train",
+                   revision: str | None = None) -> list[Path | HubInput]:
+    """The inputs in the order given: data files (`resolve_data_files` rules) and Hub datasets; `dataset_id`
+    (a Hub id or a local dataset repository folder) comes last."""
+    out: list[Path | HubInput] = []
+    local: list[str] = []  # a run of local specs, resolved together (a file named twice is read once)
+    items: list[str | HubInput] = [*specs, *([HubInput(dataset_id, split, revision)] if dataset_id else [])]
+    for item in items:
+        if isinstance(item, HubInput) or is_hub_spec(item):
+            if local:
+                out += resolve_data_files(local)
+                local = []
+            out.append(item if isinstance(item, HubInput) else parse_hub_spec(item, split, revision))
+        else:
+            local.append(item)
+    if local:
+        out += resolve_data_files(local)
+    if not out:
+        raise CodeParrotError("no input: give --input PATH_OR_GLOB (repeatable), --input hf://datasets/OWNER/NAME "
+                              "or --dataset-id")
+    return out
+
+
+def _json_default(value: Any) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)  # dates, timestamps, bytes: as text
+
+
+def iter_hub_lines(hub: HubInput) -> Iterator[tuple[bytes, Location]]:
+    """One JSON line per row of the streamed split, with its location (row numbers from 1)."""
+    try:
+        from datasets import load_dataset
+
+        rows = iter(load_dataset(hub.dataset_id, split=hub.split, revision=hub.revision, streaming=True))
+        name = str(hub)
+        for i, row in enumerate(rows, 1):
+            # surrogatepass: a lone surrogate reaches the parser, which counts the row as invalid UTF-8
+            yield json.dumps(row, ensure_ascii=False, default=_json_default).encode("utf-8", "surrogatepass"), \
+                Location(name, i)
+    except CodeParrotError:
+        raise
+    except Exception as err:  # datasets/huggingface_hub raise many types (not found, offline, bad split, ...)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CodeParrotError(f"cannot stream {hub}: {first}") from None
+
+
+def iter_input_records(inputs: Iterable[Path | HubInput], text_column: str, bad: BadRecords
+                       ) -> Iterator[tuple[bytes, dict[str, Any], str, Location]]:
+    """(raw line, record, text, location) of every valid record of every input, in order (`iter_raw_records`
+    for files); bad records are counted in `bad`, an empty split as an `empty file`."""
+    for item in inputs:
+        if not isinstance(item, HubInput):
+            yield from iter_raw_records([item], text_column, bad)
+            continue
+        rows = 0
+        for line, where in iter_hub_lines(item):
+            rows += 1
+            parsed = parse_line(line, where, text_column, bad)
+            if parsed is not None:
+                yield line, parsed[0], parsed[1], where
+        if rows == 0:
+            bad.add("empty file", Location(str(item), 1))

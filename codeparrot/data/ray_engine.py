@@ -1,0 +1,420 @@
+"""`preprocess.py --engine ray`: the same pipeline as `codeparrot.data.preprocess`, scheduled by Ray Data.
+
+Only the scheduler differs: every per-record decision is made by the local engine's own functions (the record
+reader and bad-line policy of `records`, `strip_whitespace`/`digest_of_stripped`, `preprocess.ChunkWorker`
+for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`, `preprocess._stats`),
+so the output is byte for byte the local engine's whatever the number of blocks, workers or task finishing
+order. Every record carries a stable id, `file index << 40 | line`, and every "first wins" rule is "smallest
+id wins", which is input order.
+
+Stages (Ray Data operators; the driver only sees fixed-size per-record numbers, never texts):
+1. read (map, one task per input file): (id, digest, UTF-8 size, text, raw line) per valid record, and one row
+   per bad line or damaged file with its reason; materialized once (the object store spills to disk).
+2. exact dedup (group-by): `groupby(digest).min(id)` over the (digest, id) columns only; the winning ids
+   (8 bytes per unique file) go to the driver and back to the workers as one shared object.
+3. filters + decontamination + MinHash (map over the winners): `ChunkWorker`, as in the local pool.
+4. near dedup (driver): the kept files' signatures are streamed into a memory-mapped file in id order (the
+   local spool's row order) and clustered by `find_clusters`, the local engine's vectorized union-find.
+5. shards (group-by): the driver assigns each kept id its split and shard (`samples_per_file` consecutive
+   kept ids per shard), a group-by on the shard number gathers each shard's rows in one task, which sorts them
+   by id and writes them with `ShardWriter`; a retried task rewrites the same bytes and renames them into place.
+
+Driver memory per input file: 8 bytes (winning id) + per survivor 8 (id) + 8 (digest) + 8 (size) + 1 (has a
+signature) bytes, plus the LSH index while clustering (about 90 bytes per survivor, see `codeparrot.data.lsh`);
+signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
+
+Ray stays where it is told: without `--ray-address` a private local Ray is started with `--num-workers` CPUs,
+no dashboard and no usage statistics, every server of it (GCS, raylet, workers, runtime-env agent) listening on
+127.0.0.1 only, and shut down at the end; a Ray already initialized in this process (tests) is used as is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.data.exact_dedup import digest_of_stripped, strip_whitespace
+from codeparrot.data.lsh import find_clusters
+from codeparrot.data.preprocess import (
+    DECONTAMINATED,
+    ChunkWorker,
+    PreprocessConfig,
+    _stats,
+    _Totals,
+    _utf8_len,
+    _write_clusters,
+)
+from codeparrot.data.records import BadRecords, Location, iter_raw_records
+from codeparrot.data.shards import SHARD_PATTERN, ShardWriter
+from codeparrot.errors import CodeParrotError
+
+LINE_BITS = 40  # id = file index << 40 | line: up to 2^40 lines per file, 2^23 input files
+SPLITS = ("train", "valid")
+_ROWS_PER_READ_BATCH = 2048  # records per block emitted by a read task (bounded task memory)
+FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
+
+
+# Ray reads these when it is imported. A single-node Ray normally advertises the machine's outward address
+# (127.0.0.1 passed as the node address is rewritten to it) and its gRPC servers then listen on every
+# interface. With the "cluster" switch off, the node address is the loopback address and the GCS, raylet and
+# worker servers bind 127.0.0.1 only (checked with `ss -tlnp` in tests/data/test_ray_engine.py).
+LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """Start a private, loopback-only Ray in this process: `num_cpus` CPUs, no dashboard, no usage stats."""
+    os.environ.update(LOCAL_RAY_ENV)
+    import ray
+
+    ray.init(num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
+
+
+def start_ray(cfg: PreprocessConfig) -> bool:
+    """Connect to `cfg.ray_address` or start a local loopback-only Ray; True if this call started it."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # read when ray is imported: before the import
+    try:
+        import ray
+    except ImportError:
+        raise CodeParrotError("--engine ray needs Ray Data: pip install 'codeparrot[distributed]'") from None
+    if ray.is_initialized():
+        return False
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=False)
+    else:
+        start_local_ray(cfg.num_workers)
+    return True
+
+
+def _ray_data(cfg: PreprocessConfig):
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = bool(cfg.progress)
+    ctx.print_on_execution_start = False
+    return ray.data
+
+
+# --- tasks: plain functions of their arguments (a retried task computes the same rows) --------------------
+
+def _read_file(batch: dict[str, np.ndarray], text_column: str) -> Iterator[Any]:
+    """Rows of one input file (a batch of one): its valid records and its bad lines, in line order."""
+    import pyarrow as pa
+
+    class Recorder(BadRecords):  # the local bad-line policy, with each event kept for the driver to replay
+        def add(self, reason: str, where: Location, detail: str = "") -> None:
+            rows.append((int(where.line), 0, 0, "", b"", reason, detail))
+
+    for file_index, path in zip(batch["file_index"].tolist(), batch["path"].tolist()):
+        rows: list[tuple] = []
+        for line, _, text, where in iter_raw_records([Path(path)], text_column, Recorder()):
+            rows.append((where.line, digest_of_stripped(strip_whitespace(text)), _utf8_len(text), text, line, "", ""))
+            if len(rows) >= _ROWS_PER_READ_BATCH:
+                yield _rows_table(pa, file_index, rows)
+                rows = []
+        if rows:
+            yield _rows_table(pa, file_index, rows)
+
+
+def _rows_table(pa, file_index: int, rows: list[tuple]):
+    cols = list(zip(*rows))
+    return pa.table({
+        "id": pa.array((file_index << LINE_BITS) + np.array(cols[0], dtype=np.int64), pa.int64()),
+        "digest": pa.array(np.array(cols[1], dtype=np.uint64), pa.uint64()),
+        "nbytes": pa.array(cols[2], pa.int64()),
+        "text": pa.array(cols[3], pa.large_string()),
+        "raw": pa.array(cols[4], pa.large_binary()),
+        "bad": pa.array(cols[5], pa.string()),  # "" for a valid record, else the bad-record reason
+        "detail": pa.array(cols[6], pa.string()),
+    })
+
+
+def _good_rows(table):
+    return table.filter(np.asarray(table["bad"].to_numpy(zero_copy_only=False)) == "")
+
+
+_SHARED: dict[str, Any] = {}  # per worker process: shared objects already fetched, by object id
+
+
+def _shared(ref_box: list):
+    import ray
+
+    key = ref_box[0].hex()
+    if key not in _SHARED:
+        _SHARED.clear()
+        _SHARED[key] = ray.get(ref_box[0])
+    return _SHARED[key]
+
+
+def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_marker: str | None):
+    """Filters, decontamination and MinHash of the exact-dedup winners of a batch (the local pool's work)."""
+    import pyarrow as pa
+
+    if fault_marker and not os.path.exists(fault_marker):
+        Path(fault_marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)  # a worker dying mid-task: Ray must retry the task
+    winners = _shared(winners_box)
+    ids = table["id"].to_numpy()
+    pos = np.minimum(np.searchsorted(winners, ids), max(len(winners) - 1, 0))
+    table = table.filter(winners[pos] == ids) if len(winners) else table.slice(0, 0)
+    texts = table["text"].to_pylist()
+    reasons, sigs, valid, seconds = worker(texts, table["digest"].to_pylist()) if texts else ([], None, None, {})
+    kept = np.array([r is None for r in reasons], dtype=bool)
+    raw = [r if k else b"" for r, k in zip(table["raw"].to_pylist(), kept.tolist())]
+    has_sig = np.zeros(len(texts), dtype=bool)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int32)  # signature list per row: num_perm values if kept
+    values = np.zeros(0, dtype=np.uint32)
+    if sigs is not None:
+        has_sig[kept] = valid
+        offsets[1:] = np.cumsum(kept * num_perm)
+        values = np.ascontiguousarray(sigs, dtype=np.uint32).reshape(-1)
+    cpu = np.zeros((3, len(texts)))
+    if len(texts):
+        cpu[:, 0] = [seconds.get(k, 0.0) for k in ("filters", "decontaminate", "minhash")]
+    return pa.table({
+        "id": table["id"], "digest": table["digest"], "nbytes": table["nbytes"],
+        "reason": pa.array(["" if r is None else r for r in reasons], pa.string()),
+        "raw": pa.array(raw, pa.large_binary()), "has_sig": pa.array(has_sig),
+        "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
+        "cpu_filters": cpu[0], "cpu_decontaminate": cpu[1], "cpu_minhash": cpu[2],
+    })
+
+
+def _select_ids(table, ids_box: list):
+    """Rows whose id is in the shared sorted id array."""
+    ids = _shared(ids_box)
+    mine = table["id"].to_numpy()
+    pos = np.minimum(np.searchsorted(ids, mine), max(len(ids) - 1, 0))
+    return table.filter(ids[pos] == mine) if len(ids) else table.slice(0, 0)
+
+
+def _tag_shards(table, splits_box: list, samples_per_file: int):
+    """Kept rows with their shard key: split index << 40 | shard number (1-based), from the driver's id lists."""
+    import pyarrow as pa
+
+    kept_by_split = _shared(splits_box)
+    ids = table["id"].to_numpy()
+    key = np.full(len(ids), -1, dtype=np.int64)
+    for s, split_ids in enumerate(kept_by_split):
+        if not len(split_ids):
+            continue
+        pos = np.minimum(np.searchsorted(split_ids, ids), len(split_ids) - 1)
+        hit = split_ids[pos] == ids
+        key[hit] = (s << LINE_BITS) + pos[hit] // samples_per_file + 1
+    keep = key >= 0
+    return pa.table({"id": table["id"].filter(keep), "raw": table["raw"].filter(keep), "shard": key[keep]})
+
+
+def _write_shard(table, out: str, samples_per_file: int, compression_level: int):
+    """Write one whole shard (all its rows, sorted by id) with ShardWriter, then rename it into place."""
+    import pyarrow as pa
+
+    key = int(table["shard"][0].as_py())
+    split, number = SPLITS[key >> LINE_BITS], key & ((1 << LINE_BITS) - 1)
+    order = np.argsort(table["id"].to_numpy(), kind="stable")
+    part = Path(out) / split / f".part-{number}-{uuid.uuid4().hex}"  # private to this attempt
+    writer = ShardWriter(part, samples_per_file, compression_level)
+    try:
+        raws = table["raw"].to_pylist()
+        for i in order.tolist():
+            writer.write_line(raws[i])
+        (path,) = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    os.replace(path, Path(out) / split / SHARD_PATTERN.format(index=number))  # same bytes if retried
+    shutil.rmtree(part, ignore_errors=True)
+    return pa.table({"shard": [key], "rows": [len(table)]})
+
+
+# --- driver ------------------------------------------------------------------------------------------------
+
+def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
+    """`digest < fraction * 2.0**64` exactly as the local engine (a Python int/float comparison is exact;
+    numpy would round the uint64 digests to float64)."""
+    bound = fraction * 2.0**64
+    if bound >= 2.0**64:
+        return np.ones(len(digests), dtype=bool)
+    return digests < np.uint64(math.ceil(bound))
+
+
+def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, out: Path,
+                      start: float) -> dict[str, Any]:
+    """`preprocess` with Ray Data as the scheduler (see the module docstring); returns the stats."""
+    started = start_ray(cfg)
+    try:
+        with atomic_dir(out) as tmp:
+            return _run(cfg, paths, worker, tmp, start)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def _run(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, tmp: Path, start: float) -> dict:
+    import pandas as pd
+    import ray
+    from ray.data.aggregate import Min
+
+    rd = _ray_data(cfg)
+    totals, bad = _Totals(), BadRecords(strict=cfg.strict)
+    files = rd.from_items([{"file_index": i, "path": str(p)} for i, p in enumerate(paths)],
+                          override_num_blocks=len(paths))
+    records = files.map_batches(_read_file, batch_size=1, batch_format="numpy",
+                                fn_kwargs={"text_column": cfg.text_column})
+    if cfg.ray_blocks:
+        records = records.repartition(cfg.ray_blocks)
+    records = records.materialize()
+
+    # Bad lines: replayed through the local policy in input order (same counts, first examples, --strict error).
+    events = []
+    for b in records.select_columns(["id", "bad", "detail", "nbytes"]).iter_batches(batch_format="pandas"):
+        is_bad = b["bad"] != ""
+        events.append(b[is_bad])
+        totals.valid_records += int((~is_bad).sum())
+        totals.bytes_in += int(b["nbytes"][~is_bad].sum())
+    for row in pd.concat(events).sort_values("id").itertuples():
+        where = Location(str(paths[row.id >> LINE_BITS]), row.id & ((1 << LINE_BITS) - 1))
+        bad.add(row.bad, where, row.detail)
+    good = records.map_batches(_good_rows, batch_format="pyarrow")
+    if totals.valid_records == 0:
+        problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
+        raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
+
+    # Exact dedup: shuffle (digest, id) only; the smallest id (first in input order) of each digest wins.
+    t = time.perf_counter()
+    firsts = good.select_columns(["digest", "id"]).groupby("digest").aggregate(Min("id", alias_name="first"))
+    winners = np.sort(firsts.to_pandas()["first"].to_numpy(dtype=np.int64))
+    totals.exact_duplicates = totals.valid_records - len(winners)
+    totals.seconds["exact_dedup"] = time.perf_counter() - t
+
+    marker = os.environ.get(FAULT_MARKER_ENV)
+    work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", fn_kwargs={
+        "worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm, "fault_marker": marker,
+    }).materialize()
+
+    # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature).
+    kept_parts = []
+    for b in work.select_columns(["id", "digest", "nbytes", "reason", "has_sig", "cpu_filters",
+                                  "cpu_decontaminate", "cpu_minhash"]).iter_batches(batch_format="pandas"):
+        for stage in ("filters", "decontaminate", "minhash"):
+            totals.seconds[stage] += float(b[f"cpu_{stage}"].sum())
+        for reason, count in b["reason"].value_counts().items():
+            if reason.startswith(DECONTAMINATED):
+                totals.decontaminated[reason[len(DECONTAMINATED):]] += int(count)
+            elif reason:
+                totals.filtered[reason] += int(count)
+        kept_parts.append(b[b["reason"] == ""][["id", "digest", "nbytes", "has_sig"]])
+    kept = _concat_sorted(kept_parts)
+    totals.files["filters"] = len(winners)
+    totals.files["decontaminate"] = len(winners) - sum(totals.filtered.values())
+    totals.files["minhash"] = len(kept["id"])
+    for stage in ("read", "exact_dedup"):
+        totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
+    totals.seconds["pass1"] = time.perf_counter() - start
+
+    drop = np.zeros(len(kept["id"]), dtype=bool)
+    clusters = None
+    if cfg.near_dedup:
+        t = time.perf_counter()
+        clusters = _near_dedup(cfg, work, kept, drop, paths, tmp, totals)
+        totals.seconds["pass2"] = time.perf_counter() - t
+        totals.files["pass2"] = totals.files["clustering"]
+
+    is_valid = _valid_split(kept["digest"], cfg.valid_fraction)
+    final = ~drop
+    by_split = [kept["id"][final & ~is_valid], kept["id"][final & is_valid]]
+    totals.kept["train"], totals.kept["valid"] = len(by_split[0]), len(by_split[1])
+    totals.bytes_out = int(kept["nbytes"][final].sum())
+    for split in SPLITS:
+        (tmp / split).mkdir(exist_ok=True)  # an empty split is an empty folder, never a missing one
+    t = time.perf_counter()
+    if len(by_split[0]) + len(by_split[1]):
+        tagged = work.map_batches(_tag_shards, batch_format="pyarrow", fn_kwargs={
+            "splits_box": [ray.put(by_split)], "samples_per_file": cfg.samples_per_file})
+        written = tagged.groupby("shard").map_groups(_write_shard, batch_format="pyarrow", fn_kwargs={
+            "out": str(tmp), "samples_per_file": cfg.samples_per_file, "compression_level": cfg.compression_level})
+        rows = int(written.to_pandas()["rows"].sum())
+        if rows != len(by_split[0]) + len(by_split[1]):
+            raise CodeParrotError(f"ray engine: shard tasks wrote {rows} rows, expected "
+                                  f"{len(by_split[0]) + len(by_split[1])}")
+    totals.seconds["write"] = time.perf_counter() - t
+    shards = {}
+    for s, split in enumerate(SPLITS):
+        for leftover in (tmp / split).glob(".part-*"):  # a killed attempt's private folder
+            shutil.rmtree(leftover, ignore_errors=True)
+        count = -(-len(by_split[s]) // cfg.samples_per_file)
+        shards[split] = [tmp / split / SHARD_PATTERN.format(index=i + 1) for i in range(count)]
+    totals.seconds["total"] = time.perf_counter() - start
+    for stage in ("pass1", "total"):
+        totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
+    stats = _stats(cfg, paths, bad, totals, 8 * len(winners), clusters, shards)
+    if clusters is not None:
+        _write_clusters(tmp / "duplicate_clusters.json", clusters)
+    atomic_write_json(tmp / "stats.json", stats)
+    return stats
+
+
+def _concat_sorted(parts: list) -> dict[str, np.ndarray]:
+    """The kept files' columns as numpy arrays sorted by id (input order)."""
+    import pandas as pd
+
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        {"id": [], "digest": [], "nbytes": [], "has_sig": []})
+    frame = frame.sort_values("id", kind="stable")
+    return {"id": frame["id"].to_numpy(np.int64), "digest": frame["digest"].to_numpy(np.uint64),
+            "nbytes": frame["nbytes"].to_numpy(np.int64), "has_sig": frame["has_sig"].to_numpy(bool)}
+
+
+def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, paths: list[Path], tmp: Path,
+                totals: _Totals) -> dict:
+    """Cluster the kept files as the local engine does (same rows, same order, same `find_clusters`); marks
+    `drop` and returns the content of `duplicate_clusters.json`."""
+    import pyarrow.compute as pc
+    import ray
+
+    ids, n = kept["id"], len(kept["id"])
+    t = time.perf_counter()
+    clusters: list[np.ndarray] = []
+    if n:
+        sig_path = tmp / ".signatures.u32"
+        sigs = np.lib.format.open_memmap(sig_path, mode="w+", dtype=np.uint32, shape=(n, cfg.num_perm))
+        for b in work.select_columns(["id", "reason", "sig"]).iter_batches(batch_format="pyarrow"):
+            b = b.filter(np.asarray(b["reason"].to_numpy(zero_copy_only=False)) == "")
+            if len(b):
+                rows = np.searchsorted(ids, b["id"].to_numpy())
+                sigs[rows] = pc.list_flatten(b["sig"]).to_numpy().reshape(len(b), cfg.num_perm)
+        sigs.flush()
+        clusters = find_clusters(sigs, cfg.jaccard_threshold, kept["has_sig"])
+        del sigs
+        os.unlink(sig_path)
+    totals.seconds["clustering"] = time.perf_counter() - t
+    totals.files["clustering"] = n
+    for cluster in clusters:
+        drop[cluster[1:]] = True  # the first member (earliest in input order) of each cluster is kept
+    totals.near_duplicates = int(drop.sum())
+    rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, dtype=np.int64)
+    members: dict[int, dict] = {}
+    if len(rows):
+        found = work.map_batches(_select_ids, batch_format="pyarrow", fn_kwargs={"ids_box": [ray.put(ids[rows])]})
+        raw_by_id = {int(i): r for i, r in zip(*(found.select_columns(["id", "raw"]).to_pandas()[c]
+                                                   for c in ("id", "raw")))}
+        for row in rows.tolist():
+            record, rid = json.loads(raw_by_id[int(ids[row])]), int(ids[row])
+            members[row] = {"repo_name": record.get("repo_name"), "path": record.get("path"),
+                            "input": f"{paths[rid >> LINE_BITS]}:{rid & ((1 << LINE_BITS) - 1)}",
+                            "kept": not drop[row]}
+    return {"num_clusters": len(clusters), "files_in_clusters": len(members), "near_duplicates": int(drop.sum()),
+            "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm,
+            "clusters": [[members[int(r)] for r in c] for c in clusters]}

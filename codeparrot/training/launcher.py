@@ -1,0 +1,106 @@
+"""`accelerate launch`, with the processes' own error as the last thing printed.
+
+`accelerate launch` reports a failed process with a report of its own, printed after everything the processes
+printed: one process gives a `CalledProcessError` traceback (silenced by `-q`), several processes give torch
+elastic's ~40-line `ChildFailedError` traceback plus an `E... failed (exitcode: 2)` log line. A script's report
+cannot switch that off: the launcher prints it in its own process once the children have exited. So
+`scripts/launch.py` runs accelerate's own launcher in-process (same flags, same code path, same processes)
+and replaces its report with at most one line:
+
+- a process that exited with status 2 met a user error: its processes don't print it (`LAUNCHER_REPORTS_ENV`)
+  but write it into torch elastic's per-process error file, and the launcher prints the first one, once, after
+  every process has exited (printing it from the main process would race: torch stops the other processes as
+  soon as one fails, so a rank-1 failure could stop rank 0 before it printed); exit status 2;
+- any other failure (a crash whose traceback the process printed, a signal) gets one `error:` line naming
+  the rank, the exit status or signal, and where its output is;
+- Ctrl-C prints `interrupted` and exits 130.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from codeparrot.errors import LAUNCHER_REPORTS_ENV, USER_ERROR_EXIT
+
+# torch elastic's loggers report each failed process ("failed (exitcode: 2) local_rank: 0 ...") and the
+# SIGTERM it sends the other ranks; the one-line summary below says the same once.
+QUIET_LOGGERS = "torch.distributed"
+
+
+def _quiet_torch_elastic() -> None:
+    """Raise every already-created torch.distributed logger to CRITICAL (they set their own level at import)."""
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith(QUIET_LOGGERS):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def describe_exit(code: int) -> str:
+    """'exit status 1' / 'signal 9 (SIGKILL)' for a process return code (negative = killed by that signal)."""
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def recorded_error(message) -> str | None:
+    """The `error: ...` line `run_cli` wrote into a failed process's error file (torch parses it as `message`)."""
+    if isinstance(message, dict):
+        message = message.get("message")
+    return message if isinstance(message, str) and message.startswith("error: ") else None
+
+
+def failure_line(script: str, rank: int | None, code: int) -> str | None:
+    """The one line that replaces the launcher's report, or None when the process printed its `error:` line."""
+    if code == USER_ERROR_EXIT:
+        return None
+    where = f"rank {rank}" if rank is not None else "its process"
+    hint = " (killed from outside: out of memory?)" if code == -signal.SIGKILL else "; its output is above"
+    return f"error: {script} failed on {where} with {describe_exit(code)}{hint}"
+
+
+def launch(argv: list[str]) -> int:
+    """Run `accelerate launch ARGV` in this process; return the exit status to leave with (0 when it succeeded)."""
+    # accelerate's launcher imports torch; import it only when a launch is asked for (--help stays fast)
+    import torch.distributed.launcher.api  # noqa: F401
+    import torch.distributed.run  # noqa: F401  (creates the elastic loggers, quietened next)
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    _quiet_torch_elastic()
+    args = launch_command_parser().parse_args(argv)
+    script = getattr(args, "training_script", "the script")
+    # read by run_cli in the processes; it only holds back its print where torch elastic gave an error file
+    # (the multi-process launchers), the one-process launcher lets the process print
+    os.environ[LAUNCHER_REPORTS_ENV] = "1"
+    try:
+        launch_command(args)
+    except ChildFailedError as err:
+        # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
+        # cause: the other processes were stopped because of it, their SIGTERM is not news
+        recorded = sorted((rank, recorded_error(f.message)) for rank, f in err.failures.items()
+                          if recorded_error(f.message))
+        if recorded:
+            print(recorded[0][1], file=sys.stderr, flush=True)
+            return USER_ERROR_EXIT
+        rank, failure = err.get_first_failure()
+        line = failure_line(script, rank, failure.exitcode)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        # a signal has a negative code; leave with the shell's 128 + signal convention
+        return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    except subprocess.CalledProcessError as err:  # the one-process launcher
+        line = failure_line(script, None, err.returncode)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        return err.returncode if err.returncode > 0 else 128 - err.returncode
+    except (SignalException, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
+    return 0

@@ -1,0 +1,73 @@
+"""`--input hf://datasets/OWNER/NAME` / `--dataset-id`: a dataset repository streamed with `datasets`. Tested
+offline against a real local dataset repository folder (JSONL shards under data/, as on the Hub), not a mock."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codeparrot.data.hub_input import HubInput, parse_hub_spec, resolve_inputs
+from codeparrot.data.preprocess import PreprocessConfig, preprocess
+from codeparrot.errors import CodeParrotError
+
+
+def _rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted(folder.glob("*.json.gz")) for line in gzip.open(p, "rt")]
+
+
+@pytest.fixture(scope="module")
+def dataset_repo(tmp_path_factory, stdlib_texts) -> Path:
+    """A dataset repository as `git clone` gives it: README and two JSONL shards of the export's columns, with
+    an exact duplicate and a row without text."""
+    repo = tmp_path_factory.mktemp("dataset-repo")
+    rows = [{"repo_name": f"r{i}", "path": f"m{i}.py", "copies": "1", "size": len(t), "content": t, "license": "mit"}
+            for i, t in enumerate(stdlib_texts[:24])]
+    rows.insert(10, dict(rows[3], repo_name="fork"))  # exact duplicate: the first occurrence wins
+    rows.insert(15, dict(rows[4], content=None))  # a row without text: a bad record
+    (repo / "data").mkdir()
+    for shard, part in enumerate((rows[:13], rows[13:])):
+        with open(repo / "data" / f"train-{shard:05d}-of-00002.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in part)
+    (repo / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+                                    "    path: data/train-*.jsonl\n---\n# a tiny export\n")
+    return repo
+
+
+def test_a_streamed_dataset_repository_gives_the_same_output_as_its_files(dataset_repo, tmp_path):
+    common = dict(num_workers=0, progress=False, valid_fraction=0.2, near_dedup=True)
+    hub = preprocess(PreprocessConfig([], str(tmp_path / "hub"), dataset_id=str(dataset_repo), **common))
+    files = preprocess(PreprocessConfig([str(dataset_repo / "data")], str(tmp_path / "files"), **common))
+    assert hub["exact_duplicates"] == files["exact_duplicates"] == 1
+    assert hub["bad_records"] == files["bad_records"] == {"non-string text": 1}
+    assert hub["bad_record_examples"]["non-string text"] .startswith(f"{dataset_repo}:train:16 ")  # dataset:split:row
+    for key in ("kept_train", "kept_valid", "filtered", "decontaminated", "bytes_in", "bytes_out"):
+        assert hub[key] == files[key], key
+    for split in ("train", "valid"):
+        assert _rows(tmp_path / "hub" / split) == _rows(tmp_path / "files" / split)  # every field passes through
+    assert hub["kept_train"] > 0 and hub["inputs"] == [f"{dataset_repo}:train"]
+
+
+def test_hub_specs_are_parsed_and_mixed_with_files_in_order(dataset_repo):
+    assert parse_hub_spec("hf://datasets/codeparrot/codeparrot", "valid", "v1") == HubInput(
+        "codeparrot/codeparrot", "valid", "v1")
+    assert str(HubInput("codeparrot/codeparrot", "train", "abc")) == "hf://datasets/codeparrot/codeparrot@abc:train"
+    shard = dataset_repo / "data" / "train-00000-of-00002.jsonl"
+    inputs = resolve_inputs([str(shard), "hf://datasets/a/b"], dataset_id="c/d", split="valid")
+    assert inputs == [shard, HubInput("a/b", "valid"), HubInput("c/d", "valid")]
+    for bad in ("hf://datasets/only-a-name", "hf://datasets/a/b/c"):
+        with pytest.raises(CodeParrotError, match="hf://datasets/OWNER/NAME"):
+            parse_hub_spec(bad)
+
+
+def test_stream_errors_are_one_line(dataset_repo, tmp_path, repo_root, python, scripts_env):
+    result = subprocess.run([python, str(repo_root / "scripts" / "preprocess.py"), "--dataset-id", str(dataset_repo),
+                             "--split", "nope", "--output-dir", str(tmp_path / "o"), "--num-workers", "0"],
+                            capture_output=True, text=True, env=scripts_env, timeout=120)
+    assert result.returncode != 0 and not (tmp_path / "o").exists()
+    assert result.stderr.startswith(f"error: cannot stream {dataset_repo}:nope") and "Traceback" not in result.stderr
+    with pytest.raises(CodeParrotError, match="no input"):
+        preprocess(PreprocessConfig([], str(tmp_path / "o")))

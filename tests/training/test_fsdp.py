@@ -1,0 +1,165 @@
+"""FSDP2 on 2 CPU processes (gloo), launched the way users launch it:
+
+    ACCELERATE_USE_CPU=1 accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 2 ...
+
+Accelerate alone runs plain data parallel there; codeparrot/training/sharding.py switches it to its FSDP2 path.
+Checked: the parameters really are sharded (each process holds half; the checkpoint's model and optimizer are
+stored as one shard per process), the losses and weights match a DDP run (both with the fused LM-head loss),
+`--resume auto` from a sharded checkpoint continues exactly, and the pushed branch holds a full (unsharded)
+model that transformers loads. Also: a non-main rank's `error:` line lands in its <run>/logs/rank-N.log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from codeparrot.config import to_dict
+from codeparrot.tools.toy_run import build_toy_run
+
+STEPS = 4  # checkpoints at 2 and 4
+# The 1.5B preset's shape in miniature: gradient checkpointing and accumulation (FSDP skips the reduce-scatter on
+# the first micro-step). Recomputing activations is the same arithmetic, so DDP without it gives the same losses.
+FSDP = {"gradient_checkpointing": True}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_config(toy, folder, name: str, **overrides) -> tuple[object, str]:
+    cfg = toy.config(run_name=name, max_steps=STEPS, **{
+        "output_dir": str(folder / name), "data.seq_length": 64, "batch.micro_batch_size": 1,
+        "batch.gradient_accumulation_steps": 2,
+        "logging.log_steps": 1, "checkpoint.save_steps": 2, "checkpoint.keep_last": 5, "checkpoint.push": False,
+        "eval.max_eval_steps": 2, **overrides})
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)))
+    return cfg, str(path)
+
+
+def _launch(repo_root, env, config: str, fsdp: bool, *extra: str) -> subprocess.Popen:
+    mode = ["--config_file", str(repo_root / "configs" / "accelerate" / "fsdp.yaml")] if fsdp else [
+        "--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
+    command = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2",
+               "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+               str(repo_root / "scripts" / "train.py"), "--config", config, *extra]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(process: subprocess.Popen) -> str:
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    return out
+
+
+def _losses(run_dir) -> dict[int, float]:
+    entries = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {e["step"]: e["loss"] for e in entries if "loss" in e}
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, stdlib_texts, repo_root):
+    """The same 4-step training as FSDP (pushing to the run branch) and as DDP, launched side by side."""
+    import os
+
+    root = tmp_path_factory.mktemp("fsdp")
+    toy = build_toy_run(root, stdlib_texts[:60], vocab_size=400)
+    env = {**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    fsdp_cfg, fsdp_path = _write_config(toy, root, "fsdp", **FSDP, **{"checkpoint.push": True})
+    ddp_cfg, ddp_path = _write_config(toy, root, "ddp")
+    fsdp, ddp = _launch(repo_root, env, fsdp_path, True), _launch(repo_root, env, ddp_path, False)
+    return {"toy": toy, "root": root, "env": env, "fsdp": (fsdp_cfg, _finish(fsdp)), "ddp": (ddp_cfg, _finish(ddp))}
+
+
+def test_fsdp_shards_and_matches_ddp(runs):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    (fsdp_cfg, out), (ddp_cfg, ddp_out) = runs["fsdp"], runs["ddp"]
+    assert "FSDP2 over 2 process(es), gloo backend: each holds 50.0% of the parameters" in out, out
+    assert "FSDP2" not in ddp_out
+    assert "loss: fused LM head + cross-entropy" in out and "loss: fused LM head + cross-entropy" in ddp_out
+
+    fsdp_losses, ddp_losses = _losses(fsdp_cfg.run_dir()), _losses(ddp_cfg.run_dir())
+    assert sorted(fsdp_losses) == list(range(1, STEPS + 1))
+    for step, loss in ddp_losses.items():
+        assert fsdp_losses[step] == pytest.approx(loss, rel=1e-5), step
+    w_fsdp, w_ddp = _weights(fsdp_cfg.run_dir() / "final"), _weights(ddp_cfg.run_dir() / "final")
+    assert w_fsdp.keys() == w_ddp.keys()
+    for key in w_ddp:
+        torch.testing.assert_close(w_fsdp[key], w_ddp[key], rtol=1e-4, atol=1e-5)
+
+    # the checkpoint stores model and optimizer sharded: each process wrote its half of the embedding rows
+    state = fsdp_cfg.run_dir() / "checkpoints" / "step-2" / "training_state"
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (state / folder).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    metadata = FileSystemReader(str(state / "pytorch_model_fsdp_0")).read_metadata().state_dict_metadata
+    wte = next(v for k, v in metadata.items() if k.endswith("wte.weight"))
+    assert list(wte.size) == [400, 64]
+    assert sorted(tuple(chunk.sizes) for chunk in wte.chunks) == [(200, 64), (200, 64)]
+
+
+def test_fsdp_resume_auto_continues_exactly(runs, tmp_path, repo_root):
+    """A fresh run folder holding only the sharded step-2 checkpoint resumes to step 4 with the losses and the
+    final weights of the uninterrupted run."""
+    fsdp_cfg, _ = runs["fsdp"]
+    cfg, path = _write_config(runs["toy"], tmp_path, "fsdp", **FSDP)  # same run name, another folder, no push
+    shutil.copytree(fsdp_cfg.run_dir() / "checkpoints" / "step-2", cfg.run_dir() / "checkpoints" / "step-2")
+    out = _finish(_launch(repo_root, runs["env"], path, True, "--resume", "auto"))
+    assert "resumed from" in out and "step 2" in out, out
+    resumed, uninterrupted = _losses(cfg.run_dir()), _losses(fsdp_cfg.run_dir())
+    assert sorted(resumed) == [3, 4]
+    assert [resumed[s] for s in (3, 4)] == [uninterrupted[s] for s in (3, 4)]
+    w_resumed, w_full = _weights(cfg.run_dir() / "final"), _weights(fsdp_cfg.run_dir() / "final")
+    for key in w_full:
+        assert torch.equal(w_resumed[key], w_full[key]), key
+
+
+def test_fsdp_push_is_a_full_model(runs):
+    from transformers import AutoModelForCausalLM
+
+    from codeparrot.repository.refs import resolve_model_dir
+
+    fsdp_cfg, _ = runs["fsdp"]
+    folder = resolve_model_dir(str(runs["toy"].repo), "fsdp")  # the run branch of the local repository
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    final = _weights(fsdp_cfg.run_dir() / "final")
+    state = model.state_dict()
+    assert tuple(state["transformer.wte.weight"].shape) == (400, 64)
+    for key, value in final.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_non_main_rank_error_goes_to_its_rank_log(runs, repo_root):
+    """Rank 1 alone fails (its saved data position is not a loader state): the `error:` line, printed by the
+    main process only, is in logs/rank-1.log."""
+    from codeparrot.training.checkpointing import write_manifest
+
+    ddp_cfg, _ = runs["ddp"]
+    run_dir = ddp_cfg.run_dir()
+    for name in ("step-4", "final"):
+        shutil.rmtree(run_dir / ("checkpoints" if name.startswith("step") else "") / name)
+    checkpoint = run_dir / "checkpoints" / "step-2"
+    torch.save(["not", "a", "loader", "state"], checkpoint / "training_state" / "data_rank1.pt")
+    (checkpoint / "manifest.json").unlink()
+    write_manifest(checkpoint)  # consistent on disk: only rank 1's content is wrong
+    process = _launch(repo_root, runs["env"], str(run_dir.parent / "ddp.yaml"), False, "--resume", "auto")
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode != 0, out
+    rank1 = (run_dir / "logs" / "rank-1.log").read_text()
+    assert "ERROR codeparrot: error: data loader state is a list, not a dict" in rank1, rank1
+    assert "data loader state is a list" not in (run_dir / "logs" / "rank-0.log").read_text()
