@@ -434,3 +434,15 @@ def config_parser(cls: type, description: str | None = None) -> argparse.Argumen
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
     """Parse `argv` (default: sys.argv[1:]) into a validated `cls`; bad values are one-line errors."""
     return config_from_args(cls, config_parser(cls, description).parse_args(argv))
+
+
+def parse_subcommand(commands: dict[str, tuple[type, Any]], argv: list[str] | None = None,
+                     description: str | None = None) -> tuple[str, Any]:
+    """A script with subcommands: `commands` maps each name to (its dataclass, anything else the caller needs);
+    each dataclass's docstring is its help line and its fields its flags. Returns (name, validated config)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (cls, _) in commands.items():
+        add_flags(sub.add_parser(name, help=" ".join((cls.__doc__ or "").split())), cls)
+    args = parser.parse_args(argv)
+    return args.command, config_from_args(commands[args.command][0], args)

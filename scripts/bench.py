@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -11,17 +10,13 @@ import sys
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != _HERE]
 
+from codeparrot.config import parse_config  # noqa: E402
 from codeparrot.errors import run_cli  # noqa: E402
-from codeparrot.tools.bench import AREAS, run  # noqa: E402
+from codeparrot.tools.bench import BenchConfig, run  # noqa: E402
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--output", default="bench/results.md", help="Markdown file the table is written to (atomically)")
-    parser.add_argument("--areas", nargs="+", choices=AREAS, default=AREAS, help="benchmark areas to run, in table order")
-    parser.add_argument("--quick", action="store_true", help="small inputs and few repeats: a smoke run, not figures to quote")
-    args = parser.parse_args()
-    run(args.output, args.areas, args.quick)
+def main(argv: list[str] | None = None) -> int:
+    run(parse_config(BenchConfig, argv, __doc__))
     return 0
 
 

@@ -14,21 +14,14 @@ held before. `plot` uses the losses pushed with the checkpoints, or computes the
 
 from __future__ import annotations
 
-import argparse
-
-from codeparrot.config import add_flags, config_from_args
+from codeparrot.config import parse_subcommand
 from codeparrot.errors import run_cli
 from codeparrot.tools.checkpoints import COMMANDS
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (cls, _) in COMMANDS.items():
-        add_flags(sub.add_parser(name, help=" ".join(cls.__doc__.split())), cls)
-    args = p.parse_args(argv)
-    cls, run = COMMANDS[args.command]
-    run(config_from_args(cls, args))
+    name, cfg = parse_subcommand(COMMANDS, argv, __doc__)
+    COMMANDS[name][1](cfg)
     return 0
 
 

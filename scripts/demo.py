@@ -7,22 +7,13 @@ generations -> HumanEval on a handful of tasks -> summary. Finished stages are r
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
+from codeparrot.config import parse_config
 from codeparrot.errors import run_cli
-from codeparrot.tools.demo import run_demo
+from codeparrot.tools.demo import DemoConfig, run_demo
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=Path("demo_output"), help="where every stage writes (default: demo_output)")
-    parser.add_argument("--fresh", action="store_true", help="delete the output folder first and redo every stage")
-    parser.add_argument("--train-minutes", type=float, default=4.0, help="wall-clock budget of the training stage (default: 4)")
-    parser.add_argument("--humaneval-tasks", type=int, default=5, help="HumanEval problems the demo model is scored on (default: 5)")
-    parser.add_argument("--num-processes", type=int, default=1, help="training processes (CPU: 2 uses both cores as 2 ranks)")
-    args = parser.parse_args()
-    run_demo(args.output_dir, args.fresh, args.train_minutes, args.humaneval_tasks, args.num_processes)
+def main(argv: list[str] | None = None) -> int:
+    run_demo(parse_config(DemoConfig, argv, __doc__))
     return 0
 
 

@@ -8,27 +8,14 @@
 
 from __future__ import annotations
 
-import argparse
-
+from codeparrot.config import parse_subcommand
 from codeparrot.errors import run_cli
+from codeparrot.tools.plot_commands import PLOT_COMMANDS
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    tr = sub.add_parser("training", help="train/validation loss vs tokens seen, learning rate, tokens/s")
-    tr.add_argument("metrics", help="metrics.jsonl written by scripts/train.py in its run folder")
-    tr.add_argument("--output-dir", required=True, help="folder the PNGs are written to")
-    fi = sub.add_parser("filters", help="files removed by each filter and dedup stage, and files kept")
-    fi.add_argument("stats", help="stats.json written by scripts/preprocess.py")
-    fi.add_argument("--output", required=True, help="PNG to write")
-    args = parser.parse_args()
-
-    from codeparrot.tools.plots import plot_filter_stats, plot_training
-
-    paths = plot_training(args.metrics, args.output_dir) if args.command == "training" else [
-        plot_filter_stats(args.stats, args.output)]
-    for path in paths:
+def main(argv: list[str] | None = None) -> int:
+    name, cfg = parse_subcommand(PLOT_COMMANDS, argv, __doc__)
+    for path in PLOT_COMMANDS[name][1](cfg):
         print(f"wrote {path}")
     return 0
 

@@ -17,7 +17,8 @@ import signal
 import sys
 
 from codeparrot.config import parse_config
-from codeparrot.data.preprocess import PreprocessConfig, format_summary, preprocess
+from codeparrot.data.preprocess import PreprocessConfig, preprocess
+from codeparrot.data.preprocess_stats import format_summary
 from codeparrot.errors import run_cli
 
 

@@ -100,6 +100,57 @@ def load_script():
     return load
 
 
+def olah_cli() -> str | None:
+    """olah (a Hub mirror serving local git repositories) pins old dependencies (psutil 5), so it lives in its
+    own environment: point CODEPARROT_OLAH at its `olah-cli`, or have `olah-cli` on PATH."""
+    import shutil
+
+    return os.environ.get("CODEPARROT_OLAH") or shutil.which("olah-cli")
+
+
+@pytest.fixture
+def olah_mirror(tmp_path):
+    """`start() -> url`: a real Hub API server (olah, offline mode) on 127.0.0.1 serving the git repositories
+    under `tmp_path/mirrors` (`models/OWNER/NAME`, `datasets/OWNER/NAME`; plain git: olah reads LFS objects
+    only from a worktree's .git/lfs). Call it once the repositories exist. Skipped when olah is not installed."""
+    import socket
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    cli = olah_cli()
+    if cli is None:
+        pytest.skip("olah not installed (set CODEPARROT_OLAH=/path/to/olah-cli)")
+    servers = []
+
+    def start() -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        (tmp_path / "olah.toml").write_text(
+            f'[basic]\nhost = "127.0.0.1"\nport = {port}\nmirror-netloc = "127.0.0.1:{port}"\n'
+            f'mirror-lfs-netloc = "127.0.0.1:{port}"\nrepos-path = "{tmp_path / "olah-cache"}"\n'
+            f'mirrors-path = ["{tmp_path / "mirrors"}"]\n\n[accessibility]\noffline = true\n')
+        servers.append(subprocess.Popen([cli, "-c", str(tmp_path / "olah.toml")], cwd=tmp_path,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/models/none/none/refs", timeout=2).read()
+                return url
+            except urllib.error.HTTPError:  # an answer, even a 404, means the server is up
+                return url
+            except OSError:
+                assert time.time() < deadline and servers[-1].poll() is None, "olah did not start"
+                time.sleep(0.3)
+
+    yield start
+    for server in servers:
+        server.terminate()
+        server.wait(10)
+
+
 @pytest.fixture(scope="session")
 def memorized_code() -> str:
     """The text the "memorized" model of `tiny_models` was overfit on."""

@@ -80,12 +80,35 @@ def _json_default(value: Any) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)  # dates, timestamps, bytes: as text
 
 
-def iter_hub_lines(hub: HubInput) -> Iterator[tuple[bytes, Location]]:
-    """One JSON line per row of the streamed split, with its location (row numbers from 1)."""
-    try:
-        from datasets import load_dataset
+def _stream_error(hub: HubInput, err: Exception) -> CodeParrotError:
+    """One line for whatever datasets/huggingface_hub raised (not found, offline, bad split, ...)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return CodeParrotError(f"cannot stream {hub}: {first}")
 
-        rows = iter(load_dataset(hub.dataset_id, split=hub.split, revision=hub.revision, streaming=True))
+
+def _stream(hub: HubInput):
+    from datasets import load_dataset
+
+    return load_dataset(hub.dataset_id, split=hub.split, revision=hub.revision, streaming=True)
+
+
+def hub_num_shards(hub: HubInput) -> int:
+    """Shards (data files) of the streamed split: the units that readers on several machines read in parallel
+    (`--engine ray`); their rows in shard order are the split's rows in order."""
+    try:
+        return _stream(hub).num_shards
+    except Exception as err:
+        raise _stream_error(hub, err) from None
+
+
+def iter_hub_lines(hub: HubInput, shard: int | None = None, num_shards: int = 1
+                   ) -> Iterator[tuple[bytes, Location]]:
+    """One JSON line per row of the streamed split (or of its shard `shard` of `num_shards`, contiguous), with
+    its location (row numbers from 1 within what is read)."""
+    try:
+        rows = _stream(hub)
+        if shard is not None:
+            rows = rows.shard(num_shards, shard, contiguous=True)
         name = str(hub)
         for i, row in enumerate(rows, 1):
             # surrogatepass: a lone surrogate reaches the parser, which counts the row as invalid UTF-8
@@ -94,8 +117,7 @@ def iter_hub_lines(hub: HubInput) -> Iterator[tuple[bytes, Location]]:
     except CodeParrotError:
         raise
     except Exception as err:  # datasets/huggingface_hub raise many types (not found, offline, bad split, ...)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CodeParrotError(f"cannot stream {hub}: {first}") from None
+        raise _stream_error(hub, err) from None
 
 
 def iter_input_records(inputs: Iterable[Path | HubInput], text_column: str, bad: BadRecords

@@ -27,8 +27,7 @@ import signal
 import threading
 import time
 from array import array
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,15 @@ from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
 from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
-from codeparrot.data.filters import REASONS, SWITCHES, TextFilter, TokenCounter
+from codeparrot.data.filters import TextFilter, TokenCounter
 from codeparrot.data.hub_input import HubInput, iter_input_records, resolve_inputs
 from codeparrot.data.near_dedup import find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig, available_cores
-from codeparrot.data.records import FILE_LEVEL_REASONS, BadRecords
+from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
+from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import ShardWriter, ensure_replaceable
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.datasets import open_dataset_repository, publish_clean
 
 OUTPUT_ENTRIES = ["train", "valid", "stats.json", "duplicate_clusters.json"]
 DECONTAMINATED = "decontaminated:"  # prefix of a worker's reason for a contaminated file
@@ -109,25 +110,6 @@ class _Done:
 
 # --- main side ----------------------------------------------------------------------------------------------
 
-@dataclass
-class _Totals:
-    valid_records: int = 0
-    exact_duplicates: int = 0
-    near_duplicates: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    filtered: Counter = field(default_factory=Counter)
-    decontaminated: Counter = field(default_factory=Counter)  # source ("HumanEval/12 docstring") -> files
-    kept: Counter = field(default_factory=Counter)  # split -> files
-    seconds: Counter = field(default_factory=Counter)  # stage -> seconds
-    files: Counter = field(default_factory=Counter)  # stage -> files that entered it
-    bytes: Counter = field(default_factory=Counter)  # stage -> bytes that entered it
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
 def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
 
     return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
@@ -136,7 +118,7 @@ def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
 class _Sink:
     """Where pass 1 puts survivors: straight into the train/valid shards, or into the near-dedup spool."""
 
-    def __init__(self, cfg: PreprocessConfig, out: Path, totals: _Totals):
+    def __init__(self, cfg: PreprocessConfig, out: Path, totals: Totals):
         self.cfg, self.totals = cfg, totals
         self.writers = {split: ShardWriter(out / split, cfg.samples_per_file, cfg.compression_level)
                         for split in ("train", "valid")}
@@ -153,13 +135,13 @@ class _Sink:
         # Deterministic split by content: the (uniform) 64-bit digest below valid_fraction x 2^64.
         is_valid = digest < self.cfg.valid_fraction * 2.0**64
         if self.spool is None:
-            self.write(line, is_valid, _utf8_len(text))
+            self.write(line, is_valid, utf8_len(text))
             return
         self.spool.write(line + b"\n")
         self.is_valid.append(is_valid)
         self.file_index.append(file_index)
         self.line.append(lineno)
-        self.nbytes.append(_utf8_len(text))
+        self.nbytes.append(utf8_len(text))
 
     def put_signatures(self, sigs: np.ndarray, valid: np.ndarray) -> None:
         self.sig_file.write(np.ascontiguousarray(sigs, dtype=np.uint32).tobytes())
@@ -179,7 +161,8 @@ class _Sink:
         self.totals.bytes_out += nbytes
 
 
-def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, submit, totals: _Totals) -> int:
+def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, submit,
+           totals: Totals) -> int:
     """Read, exact-dedup (here, in input order), then filter, decontaminate and sign (in the workers); returns
     the bytes the exact-dedup index holds."""
     seen = DigestSet()
@@ -224,7 +207,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
         t = time.thread_time()
         digests = [digest_of_stripped(strip_whitespace(text)) for _, text, _ in chunk]
         firsts = np.flatnonzero(seen.add_batch(np.array(digests, dtype=np.uint64))).tolist()
-        chunk_bytes = sum(_utf8_len(text) for _, text, _ in chunk)
+        chunk_bytes = sum(utf8_len(text) for _, text, _ in chunk)
         totals.valid_records += len(chunk)
         totals.exact_duplicates += len(chunk) - len(firsts)
         totals.bytes_in += chunk_bytes
@@ -241,7 +224,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
     return seen.nbytes
 
 
-def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubInput], totals: _Totals) -> dict:
+def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubInput], totals: Totals) -> dict:
     """Cluster the spooled survivors' signatures, then copy the spool to the shards without the near duplicates.
     Returns the content of `duplicate_clusters.json`."""
 
@@ -285,71 +268,14 @@ def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubI
             "clusters": [[members[int(r)] for r in c] for c in clusters]}
 
 
-def _stats(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, totals: _Totals, index_bytes: int,
-           clusters: dict | None, shards: dict[str, list[Path]]) -> dict[str, Any]:
-    """stats.json. `seconds` per stage are CPU seconds, so they do not depend on other jobs sharing the machine:
-    read, exact_dedup and clustering of the main thread, write of the main thread plus the compression thread,
-    filters, decontaminate and minhash summed over the worker processes; pass1, pass2 and total are wall-clock.
-    `files_per_second`/`mb_per_second` divide the files/bytes that entered a stage by its seconds (for a CPU
-    stage: per core)."""
-    secs = {k: v for k, v in totals.seconds.items() if v > 0}
-    enabled = cfg.filters.enabled_reasons(with_tokenizer=bool(cfg.tokenizer))
-    near_index = {}
-    if cfg.near_dedup:  # per survivor: its signature row (on disk) and the spool's metadata arrays (in RAM)
-        near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 18}
-    filters = vars(cfg.filters)
-    unique = totals.valid_records - totals.exact_duplicates
-    # Filters that did not run, and why: a filter that is off must say so, never look like it removed nothing.
-    off = {r: "no --tokenizer" if getattr(cfg.filters, SWITCHES[r]) else f"--no-{SWITCHES[r].replace('_', '-')}"
-           for r in REASONS if r not in enabled}
-    return {
-        "input_records": totals.valid_records + sum(c for r, c in bad.counts.items() if r not in FILE_LEVEL_REASONS),
-        "valid_records": totals.valid_records,
-        "bad_records": dict(sorted(bad.counts.items())),
-        "bad_record_examples": dict(sorted(bad.first.items())),
-        "exact_duplicates": totals.exact_duplicates,
-        "filtered": {r: totals.filtered[r] for r in REASONS if r in enabled or totals.filtered[r]},
-        "filters_off": off,
-        "decontaminated": sum(totals.decontaminated.values()),
-        "decontaminated_by_source": dict(sorted(totals.decontaminated.items())),
-        "near_duplicates": totals.near_duplicates,
-        "near_duplicate_clusters": clusters["num_clusters"] if clusters else 0,
-        "files_in_clusters": clusters["files_in_clusters"] if clusters else 0,
-        "kept_train": totals.kept["train"],
-        "kept_valid": totals.kept["valid"],
-        "bytes_in": totals.bytes_in,
-        "bytes_out": totals.bytes_out,
-        "seconds": {k: round(v, 4) for k, v in secs.items()},
-        "files_per_second": {k: round(totals.files[k] / v, 1) for k, v in secs.items() if k in totals.files},
-        "mb_per_second": {k: round(totals.bytes[k] / 1e6 / v, 2) for k, v in secs.items() if k in totals.bytes},
-        "index_bytes_per_file": {"exact_dedup": round(index_bytes / max(unique, 1), 2), **near_index},
-        "warnings": _warnings(cfg, totals),
-        "shards": {split: [p.name for p in files] for split, files in shards.items()},
-        "inputs": [str(p) for p in paths],
-        "config": {k: v for k, v in vars(cfg).items() if k not in ("filters", "progress")} | {"filters": filters},
-    }
-
-
-def _warnings(cfg: PreprocessConfig, totals: _Totals) -> list[str]:
-    """Problems the run can finish with but a user must hear about now, not at training time."""
-    out = []
-    if totals.kept["valid"] == 0 and cfg.valid_fraction > 0:
-        kept = totals.kept["train"]
-        out.append(f"the valid split is empty: {kept:,} kept file(s) x --valid-fraction {cfg.valid_fraction} "
-                   f"~ {kept * cfg.valid_fraction:.2f} expected; a training run given --data.valid on it has no "
-                   "validation data (raise --valid-fraction or add input)")
-    return out
-
-
 def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     """Run the whole pipeline into `cfg.output_dir` (atomically); returns the stats also saved as stats.json."""
     cfg.validate()
     start = time.perf_counter()
     paths = resolve_inputs(cfg.inputs, cfg.dataset_id, cfg.split, cfg.revision)  # files and Hub datasets, in order
-    if cfg.engine == "ray" and any(isinstance(p, HubInput) for p in paths):
-        raise CodeParrotError("Hub dataset inputs (--dataset-id, hf://datasets/...) are read with --engine local")
     out = Path(cfg.output_dir)
     ensure_replaceable(out, OUTPUT_ENTRIES, "a preprocess output")
+    repo = open_dataset_repository(cfg.push, out) if cfg.push else None  # a bad --push fails now, not after the run
     if cfg.tokenizer:
         TokenCounter(cfg.tokenizer).load()  # a wrong path fails now, not in every worker
     decontaminator = minhasher = None
@@ -361,12 +287,12 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
         from codeparrot.data.near_dedup import MinHasher
 
         minhasher = MinHasher(cfg.num_perm, cfg.seed, cfg.min_tokens)
-    totals, bad = _Totals(), BadRecords(strict=cfg.strict)
+    totals, bad = Totals(), BadRecords(strict=cfg.strict)
     worker = ChunkWorker(cfg, decontaminator, minhasher)
     if cfg.engine == "ray":  # the same per-record work, scheduled by Ray Data
         from codeparrot.data.ray_engine import preprocess_on_ray
 
-        return preprocess_on_ray(cfg, paths, worker, out, start)
+        return publish_clean(repo, out, preprocess_on_ray(cfg, paths, worker, out, start))
     with atomic_dir(out) as tmp:
         sink = _Sink(cfg, tmp, totals)
         try:
@@ -374,7 +300,7 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
         except BaseException:
             sink.abort()  # no writer thread may still write into the folder atomic_dir is removing
             raise
-    return stats
+    return publish_clean(repo, out, stats)  # --push: after the output is complete and in place
 
 
 def _start_pool(num_workers: int, worker: ChunkWorker, threads: int):
@@ -393,7 +319,7 @@ def _start_pool(num_workers: int, worker: ChunkWorker, threads: int):
 
 
 def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, worker: ChunkWorker,
-         totals: _Totals, tmp: Path, start: float) -> dict[str, Any]:
+         totals: Totals, tmp: Path, start: float) -> dict[str, Any]:
     """Both passes into the temporary folder `tmp`; returns the stats."""
     pool = _start_pool(cfg.num_workers, worker, max(1, available_cores() // max(cfg.num_workers, 1)))
     submit = (lambda task: pool.apply_async(_run_chunk, (task,))) if pool else (lambda task: _Done(worker(*task)))
@@ -420,45 +346,8 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, s
     totals.seconds["total"] = time.perf_counter() - start
     for stage in ("pass1", "total"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
-    stats = _stats(cfg, paths, bad, totals, index_bytes, clusters, shards)
+    stats = build_stats(cfg, paths, bad, totals, index_bytes, clusters, shards)
     if clusters is not None:
-        _write_clusters(tmp / "duplicate_clusters.json", clusters)
+        write_clusters(tmp / "duplicate_clusters.json", clusters)
     atomic_write_json(tmp / "stats.json", stats)
     return stats
-
-
-def format_summary(stats: dict[str, Any]) -> str:
-    """The human summary: files kept and removed by reason, then seconds and throughput per stage."""
-    rows = [(f"bad records: {r}", c) for r, c in stats["bad_records"].items()]
-    rows.append(("exact duplicates", stats["exact_duplicates"]))
-    rows += [(f"filtered: {r}", c) for r, c in stats["filtered"].items()]
-    rows += [(f"filtered: {r} (OFF: {why})", None) for r, why in stats.get("filters_off", {}).items()]
-    rows.append(("HumanEval decontamination", stats["decontaminated"]))
-    if stats["config"]["near_dedup"]:
-        rows.append((f"near duplicates ({stats['near_duplicate_clusters']} clusters)", stats["near_duplicates"]))
-    rows += [("kept: train", stats["kept_train"]), ("kept: valid", stats["kept_valid"])]
-    total, width = max(stats["input_records"], 1), max(len(name) for name, _ in rows) + 2
-    lines = [f"  {'':<{width}}{'files':>9}  {'share':>6}"]
-    lines += [f"  {name:<{width}}{count:>9,}  {100 * count / total:5.1f}%" if count is not None
-              else f"  {name:<{width}}{'-':>9}" for name, count in rows]
-    lines.append(f"  {'input records':<{width}}{stats['input_records']:>9,}  -> "
-                 f"{stats['kept_train'] + stats['kept_valid']:,} kept; {stats['bytes_in'] / 1e6:.1f} MB in, "
-                 f"{stats['bytes_out'] / 1e6:.1f} MB out")
-    lines += [f"  first '{reason}' at {where}" for reason, where in stats["bad_record_examples"].items()]
-    lines.append(f"  {'stage':<14}{'seconds':>9}{'files/s':>10}{'MB/s':>8}")
-    for stage, sec in stats["seconds"].items():
-        fps, mbs = stats["files_per_second"].get(stage), stats["mb_per_second"].get(stage)
-        lines.append(f"  {stage:<14}{sec:>9.2f}{'' if fps is None else f'{fps:,.0f}':>10}"
-                     f"{'' if mbs is None else f'{mbs:.1f}':>8}")
-    lines.append("  (stages in CPU seconds, files/s per core; filters, decontaminate and minhash summed over workers; "
-                 "pass1, pass2, total wall-clock)")
-    return "\n".join(lines)
-
-
-def _write_clusters(path: Path, clusters: dict) -> None:
-    """duplicate_clusters.json with one cluster per line: valid JSON, greppable, no single giant string."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps({k: v for k, v in clusters.items() if k != "clusters"})[:-1] + ', "clusters": [')
-        for i, cluster in enumerate(clusters["clusters"]):
-            f.write(("\n  " if i == 0 else ",\n  ") + json.dumps(cluster, ensure_ascii=False))
-        f.write("\n]}\n")

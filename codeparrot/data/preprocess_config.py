@@ -38,6 +38,10 @@ class PreprocessConfig:
                             flag="--input", extend=True, metavar="PATH_OR_GLOB")
     # A default only so that `inputs` (optional with --dataset-id) may come first; the flag stays required.
     output_dir: str = doc("", "output folder (replaced atomically at the end)", required=True)
+    push: str | None = doc(None, "then publish the output (and a dataset card with these stats and this command) as "
+                           "one commit on main of this dataset repository, created if missing: a Hub dataset "
+                           "(OWNER/NAME or hf://datasets/OWNER/NAME) or a local git repository path; training "
+                           "reads it with --data.train REPO", metavar="REPO")
     dataset_id: str | None = doc(None, "a dataset repository to stream (with `datasets`, nothing downloaded whole) "
                                  "after the --input files: a Hub id such as codeparrot/codeparrot, or a local dataset "
                                  "repository folder", metavar="ID")

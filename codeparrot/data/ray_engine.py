@@ -2,14 +2,15 @@
 
 Only the scheduler differs: every per-record decision is made by the local engine's own functions (the record
 reader and bad-line policy of `records`, `strip_whitespace`/`digest_of_stripped`, `preprocess.ChunkWorker`
-for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`, `preprocess._stats`),
-so the output is byte for byte the local engine's whatever the number of blocks, workers or task finishing
-order. Every record carries a stable id, `file index << 40 | line`, and every "first wins" rule is "smallest
-id wins", which is input order.
+for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`,
+`preprocess_stats.build_stats`), so the output is byte for byte the local engine's whatever the number of
+blocks, workers or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
+`ray_read`), and every "first wins" rule is "smallest id wins", which is input order.
 
 Stages (Ray Data operators; the driver only sees fixed-size per-record numbers, never texts):
-1. read (map, one task per input file): (id, digest, UTF-8 size, text, raw line) per valid record, and one row
-   per bad line or damaged file with its reason; materialized once (the object store spills to disk).
+1. read (map, one task per input file or Hub split shard, `ray_read`): (id, digest, UTF-8 size, text, raw line)
+   per valid record, and one row per bad line or damaged file with its reason; materialized once (the object
+   store spills to disk).
 2. exact dedup (group-by): `groupby(digest).min(id)` over the (digest, id) columns only; the winning ids
    (8 bytes per unique file) go to the driver and back to the workers as one shared object.
 3. filters + decontamination + MinHash (map over the winners): `ChunkWorker`, as in the local pool.
@@ -37,31 +38,25 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
-from codeparrot.data.exact_dedup import digest_of_stripped, strip_whitespace
+from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import find_clusters
-from codeparrot.data.preprocess import (
-    DECONTAMINATED,
-    ChunkWorker,
-    PreprocessConfig,
-    _stats,
-    _Totals,
-    _utf8_len,
-    _write_clusters,
-)
-from codeparrot.data.records import BadRecords, Location, iter_raw_records
+from codeparrot.data.preprocess import DECONTAMINATED, ChunkWorker, PreprocessConfig
+from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
+from codeparrot.data.ray_read import LINE_BITS, Locations, good_rows, read_unit, read_units, replay_bad
+from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardWriter
 from codeparrot.errors import CodeParrotError
 
-LINE_BITS = 40  # id = file index << 40 | line: up to 2^40 lines per file, 2^23 input files
 SPLITS = ("train", "valid")
-_ROWS_PER_READ_BATCH = 2048  # records per block emitted by a read task (bounded task memory)
+# CPUs per filter/MinHash task (Ray's default, stated): the tokenizer's Rust pool in that task gets as many
+# threads, so N concurrent tasks on a node never run N x all-core pools (as `preprocess._init_worker`).
+_WORK_CPUS = 1
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
 
 
@@ -107,42 +102,6 @@ def _ray_data(cfg: PreprocessConfig):
 
 # --- tasks: plain functions of their arguments (a retried task computes the same rows) --------------------
 
-def _read_file(batch: dict[str, np.ndarray], text_column: str) -> Iterator[Any]:
-    """Rows of one input file (a batch of one): its valid records and its bad lines, in line order."""
-    import pyarrow as pa
-
-    class Recorder(BadRecords):  # the local bad-line policy, with each event kept for the driver to replay
-        def add(self, reason: str, where: Location, detail: str = "") -> None:
-            rows.append((int(where.line), 0, 0, "", b"", reason, detail))
-
-    for file_index, path in zip(batch["file_index"].tolist(), batch["path"].tolist()):
-        rows: list[tuple] = []
-        for line, _, text, where in iter_raw_records([Path(path)], text_column, Recorder()):
-            rows.append((where.line, digest_of_stripped(strip_whitespace(text)), _utf8_len(text), text, line, "", ""))
-            if len(rows) >= _ROWS_PER_READ_BATCH:
-                yield _rows_table(pa, file_index, rows)
-                rows = []
-        if rows:
-            yield _rows_table(pa, file_index, rows)
-
-
-def _rows_table(pa, file_index: int, rows: list[tuple]):
-    cols = list(zip(*rows))
-    return pa.table({
-        "id": pa.array((file_index << LINE_BITS) + np.array(cols[0], dtype=np.int64), pa.int64()),
-        "digest": pa.array(np.array(cols[1], dtype=np.uint64), pa.uint64()),
-        "nbytes": pa.array(cols[2], pa.int64()),
-        "text": pa.array(cols[3], pa.large_string()),
-        "raw": pa.array(cols[4], pa.large_binary()),
-        "bad": pa.array(cols[5], pa.string()),  # "" for a valid record, else the bad-record reason
-        "detail": pa.array(cols[6], pa.string()),
-    })
-
-
-def _good_rows(table):
-    return table.filter(np.asarray(table["bad"].to_numpy(zero_copy_only=False)) == "")
-
-
 _SHARED: dict[str, Any] = {}  # per worker process: shared objects already fetched, by object id
 
 
@@ -163,6 +122,7 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
     if fault_marker and not os.path.exists(fault_marker):
         Path(fault_marker).touch()
         os.kill(os.getpid(), signal.SIGKILL)  # a worker dying mid-task: Ray must retry the task
+    os.environ.setdefault("RAYON_NUM_THREADS", str(_WORK_CPUS))  # read when the tokenizer's pool starts
     winners = _shared(winners_box)
     ids = table["id"].to_numpy()
     pos = np.minimum(np.searchsorted(winners, ids), max(len(winners) - 1, 0))
@@ -239,6 +199,25 @@ def _write_shard(table, out: str, samples_per_file: int, compression_level: int)
 
 # --- driver ------------------------------------------------------------------------------------------------
 
+def _one_line_errors(run):
+    """`run()`; a CodeParrotError raised inside a Ray task (e.g. a Hub shard that fails mid-stream) comes out as
+    itself, one line, not wrapped in Ray's task error with the worker's traceback."""
+    try:
+        return run()
+    except Exception as err:
+        cause, seen = err, set()
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            inner = getattr(cause, "cause", None)  # RayTaskError: the task's own exception
+            if isinstance(inner, BaseException):
+                cause = inner
+            elif isinstance(cause, CodeParrotError):  # Ray Data appends its retry advice on further lines
+                raise CodeParrotError(str(cause).splitlines()[0]) from None
+            else:
+                cause = cause.__cause__ or cause.__context__
+        raise
+
+
 def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
     """`digest < fraction * 2.0**64` exactly as the local engine (a Python int/float comparison is exact;
     numpy would round the uint64 digests to float64)."""
@@ -248,7 +227,7 @@ def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
     return digests < np.uint64(math.ceil(bound))
 
 
-def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, out: Path,
+def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, out: Path,
                       start: float) -> dict[str, Any]:
     """`preprocess` with Ray Data as the scheduler (see the module docstring); returns the stats."""
     started = start_ray(cfg)
@@ -262,32 +241,21 @@ def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWor
             ray.shutdown()
 
 
-def _run(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, tmp: Path, start: float) -> dict:
-    import pandas as pd
+def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path, start: float) -> dict:
     import ray
     from ray.data.aggregate import Min
 
     rd = _ray_data(cfg)
-    totals, bad = _Totals(), BadRecords(strict=cfg.strict)
-    files = rd.from_items([{"file_index": i, "path": str(p)} for i, p in enumerate(paths)],
-                          override_num_blocks=len(paths))
-    records = files.map_batches(_read_file, batch_size=1, batch_format="numpy",
-                                fn_kwargs={"text_column": cfg.text_column})
+    totals, bad = Totals(), BadRecords(strict=cfg.strict)
+    units = read_units(paths)  # input files and Hub split shards, in input order (see `ray_read`)
+    records = rd.from_items(units, override_num_blocks=len(units)).map_batches(
+        read_unit, batch_size=1, batch_format="numpy", fn_kwargs={"text_column": cfg.text_column})
     if cfg.ray_blocks:
         records = records.repartition(cfg.ray_blocks)
-    records = records.materialize()
-
+    records = _one_line_errors(records.materialize)
     # Bad lines: replayed through the local policy in input order (same counts, first examples, --strict error).
-    events = []
-    for b in records.select_columns(["id", "bad", "detail", "nbytes"]).iter_batches(batch_format="pandas"):
-        is_bad = b["bad"] != ""
-        events.append(b[is_bad])
-        totals.valid_records += int((~is_bad).sum())
-        totals.bytes_in += int(b["nbytes"][~is_bad].sum())
-    for row in pd.concat(events).sort_values("id").itertuples():
-        where = Location(str(paths[row.id >> LINE_BITS]), row.id & ((1 << LINE_BITS) - 1))
-        bad.add(row.bad, where, row.detail)
-    good = records.map_batches(_good_rows, batch_format="pyarrow")
+    locate = replay_bad(records, paths, units, bad, totals)
+    good = records.map_batches(good_rows, batch_format="pyarrow")
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
@@ -300,9 +268,9 @@ def _run(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, tmp: Pat
     totals.seconds["exact_dedup"] = time.perf_counter() - t
 
     marker = os.environ.get(FAULT_MARKER_ENV)
-    work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", fn_kwargs={
-        "worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm, "fault_marker": marker,
-    }).materialize()
+    work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
+                            fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm,
+                                       "fault_marker": marker}).materialize()
 
     # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature).
     kept_parts = []
@@ -328,7 +296,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, tmp: Pat
     clusters = None
     if cfg.near_dedup:
         t = time.perf_counter()
-        clusters = _near_dedup(cfg, work, kept, drop, paths, tmp, totals)
+        clusters = _near_dedup(cfg, work, kept, drop, locate, tmp, totals)
         totals.seconds["pass2"] = time.perf_counter() - t
         totals.files["pass2"] = totals.files["clustering"]
 
@@ -359,9 +327,9 @@ def _run(cfg: PreprocessConfig, paths: list[Path], worker: ChunkWorker, tmp: Pat
     totals.seconds["total"] = time.perf_counter() - start
     for stage in ("pass1", "total"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
-    stats = _stats(cfg, paths, bad, totals, 8 * len(winners), clusters, shards)
+    stats = build_stats(cfg, paths, bad, totals, 8 * len(winners), clusters, shards)
     if clusters is not None:
-        _write_clusters(tmp / "duplicate_clusters.json", clusters)
+        write_clusters(tmp / "duplicate_clusters.json", clusters)
     atomic_write_json(tmp / "stats.json", stats)
     return stats
 
@@ -377,8 +345,8 @@ def _concat_sorted(parts: list) -> dict[str, np.ndarray]:
             "nbytes": frame["nbytes"].to_numpy(np.int64), "has_sig": frame["has_sig"].to_numpy(bool)}
 
 
-def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, paths: list[Path], tmp: Path,
-                totals: _Totals) -> dict:
+def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locate: Locations, tmp: Path,
+                totals: Totals) -> dict:
     """Cluster the kept files as the local engine does (same rows, same order, same `find_clusters`); marks
     `drop` and returns the content of `duplicate_clusters.json`."""
     import pyarrow.compute as pc
@@ -413,7 +381,7 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, paths
         for row in rows.tolist():
             record, rid = json.loads(raw_by_id[int(ids[row])]), int(ids[row])
             members[row] = {"repo_name": record.get("repo_name"), "path": record.get("path"),
-                            "input": f"{paths[rid >> LINE_BITS]}:{rid & ((1 << LINE_BITS) - 1)}",
+                            "input": str(locate(rid)),
                             "kept": not drop[row]}
     return {"num_clusters": len(clusters), "files_in_clusters": len(members), "near_duplicates": int(drop.sum()),
             "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm,

@@ -33,14 +33,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.pass_at_k import best_per_k, format_table, pass_at_k_table
 from codeparrot.humaneval.problems import default_problems_file, load_problems, read_samples
-from codeparrot.sandbox.client import (
-    ALLOW_ENV,
-    Program,
-    Sandbox,
-    SandboxConfig,
-    code_execution_allowed,
-    describe_layers,
-)
+from codeparrot.sandbox import ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed, describe_layers
 
 
 def tasks_without_samples(samples: Sequence[dict], problems: Sequence[dict]) -> dict[str, list[str]]:

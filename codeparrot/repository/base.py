@@ -139,7 +139,8 @@ def main_then_newest(branches: list[BranchInfo]) -> list[BranchInfo]:
 def promotion_message(revision: str, source: str, source_message: str) -> tuple[str, str]:
     """(subject, body) of the commit that promotes `revision` (resolved to commit `source`) onto main."""
     step = parse_step(source_message)
-    subject = f"promote {revision}@{source[:12]} ({f'step {step}' if step is not None else source_message})"
+    what = source[:12] if source.startswith(revision) else f"{revision}@{source[:12]}"  # no commit id twice
+    subject = f"promote {what} ({f'step {step}' if step is not None else source_message})"
     return subject, f"Source commit: {source}\nSource message: {source_message}"
 
 

@@ -44,12 +44,13 @@ def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None 
     return CodeParrotError(scrub(f"{what} {at} failed: {type(err).__name__}: {lines[0] if lines else ''}"))
 
 
-def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.PathLike | None = None) -> Path:
+def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.PathLike | None = None,
+                 repo_type: str = "model") -> Path:
     """`snapshot_download` of `repo_id` at `revision` (the local cache when offline), as a folder path."""
 
     try:
         return Path(snapshot_download(repo_id, revision=base.validate_revision(revision) if revision else None,
-                                      local_dir=local_dir))
+                                      local_dir=local_dir, repo_type=repo_type))
     except CodeParrotError:
         raise
     except Exception as err:  # HTTP, network, offline cache miss, bad id: a one-line error naming the repo
@@ -57,23 +58,26 @@ def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.
 
 
 class HubRepository(CheckpointRepository):
-    """A model repository `repo_id` on the Hugging Face Hub (or any server behind `HF_ENDPOINT`)."""
+    """A repository `repo_id` on the Hugging Face Hub (or any server behind `HF_ENDPOINT`): a model repository
+    (checkpoints), or with `repo_type="dataset"` a dataset repository (`codeparrot.repository.datasets`)."""
 
-    def __init__(self, repo_id: str, create: bool = False, api: Any = None, private: bool | None = None):
+    def __init__(self, repo_id: str, create: bool = False, api: Any = None, private: bool | None = None,
+                 repo_type: str = "model"):
 
         self.repo_id = self.ref = repo_id
+        self.repo_type = repo_type
         self.api = api if api is not None else HfApi()
         self._known_branches: set[str] = set()
         if create:
-            self._call("creating", self.api.create_repo, repo_id=repo_id, repo_type="model", exist_ok=True,
+            self._call("creating", self.api.create_repo, repo_id=repo_id, repo_type=repo_type, exist_ok=True,
                        private=private)
 
     def _call(self, what: str, fn: Callable, at: str | None = None, **kwargs):
-        """`fn(**kwargs)` (an HfApi method) with its failures turned into one-line errors naming the repository
-        (`at`: a revision). Anything an HfApi call raises - HTTP errors, network errors, or a KeyError from a
-        server (a mirror) that answers an endpoint in an unexpected shape - is a Hub failure, not our bug."""
+        """`fn(repo_type=self.repo_type, **kwargs)` (an HfApi method) with its failures turned into one-line errors
+        naming the repository (`at`: a revision). Anything an HfApi call raises - HTTP errors, network errors, or a
+        KeyError from a server (a mirror) that answers an endpoint in an unexpected shape - is a Hub failure."""
         try:
-            return fn(**kwargs)
+            return fn(**{"repo_type": self.repo_type, **kwargs})
         except Exception as err:
             raise hub_error(err, what, self.repo_id, at) from None
 
@@ -144,7 +148,7 @@ class HubRepository(CheckpointRepository):
                            step=base.parse_step(c.title)) for c in commits]
 
     def _write_revision(self, revision: str, folder: Path) -> None:
-        hub_snapshot(self.repo_id, revision, local_dir=folder)
+        hub_snapshot(self.repo_id, revision, local_dir=folder, repo_type=self.repo_type)
         shutil.rmtree(folder / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
 
     def promote(self, revision: str) -> str:

@@ -1,8 +1,8 @@
 """`metrics.json`: what a pushed checkpoint carries about its validation loss, so curves come from the repository.
 
-The pusher writes it into every "step N" commit from the run's `metrics.jsonl` (the run folder is the
-checkpoint folder's parent): the latest evaluation at or before step N, with the tokens seen then and what
-the loss was measured on. Shape:
+The pusher writes it into every "step N" commit from the run's `metrics.jsonl` (`<run>/checkpoints/step-N`:
+the run folder is the checkpoint folder's grandparent): the latest evaluation at or before step N, with the
+tokens seen then and what the loss was measured on. Shape:
 
     {"step": 120, "tokens_seen": 983040, "val_loss": 5.49, "perplexity": 242.3,
      "val_tokens": 40920, "val_sequences": 40, "val_seq_length": 1024}

@@ -91,11 +91,15 @@ class CheckpointPusher:
     @staticmethod
     def _add_metrics(staged: Path, folder: Path, message: str) -> None:
         """`metrics.json` beside the staged files: the run's latest validation loss at the pushed step (from
-        `<run>/metrics.jsonl`, the checkpoint folder's parent), so loss curves can be drawn from the repository
-        alone. Nothing when the message names no step or the run logged no evaluation by then."""
+        `<run>/metrics.jsonl`; training saves checkpoints as `<run>/checkpoints/step-N`, so the run folder is
+        the checkpoint folder's grandparent; a folder directly inside a run folder works too), so loss curves
+        can be drawn from the repository alone. Nothing when the message names no step or the run logged no
+        evaluation by then."""
         step = parse_step(message)
         try:
-            metrics = checkpoint_metrics(folder.resolve().parent, step) if step is not None else None
+            parents = folder.resolve().parents
+            run_dir = next((p for p in parents[:2] if (p / "metrics.jsonl").is_file()), None)
+            metrics = checkpoint_metrics(run_dir, step) if step is not None and run_dir is not None else None
             if metrics is not None and not (staged / METRICS_FILE).exists():
                 atomic_write_json(staged / METRICS_FILE, metrics)
         except OSError as err:  # the checkpoint itself still goes out

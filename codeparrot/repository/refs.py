@@ -17,14 +17,18 @@ from codeparrot.repository.hub import HubRepository, hub_snapshot
 from codeparrot.repository.local import LocalGitRepository, is_git_repository
 
 
-def open_repository(ref: str, create: bool = False) -> CheckpointRepository:
+def open_repository(ref: str, create: bool = False, repo_type: str = "model") -> CheckpointRepository:
     """The repository `ref` names; `create=True` creates it when missing (a Hub repo, or a bare git repo).
+    `repo_type="dataset"`: a Hub dataset repository (`OWNER/NAME` or `hf://datasets/OWNER/NAME`).
 
     A path that exists but is not a git repository, or a missing one without `create`, is a one-line error.
     """
     ref = str(ref)
     if is_hub_ref(ref):
-        return HubRepository(strip_scheme(ref), create=create)
+        repo_id = strip_scheme(ref)
+        if repo_type == "dataset" and ref.startswith("hf://datasets/"):
+            repo_id = repo_id[len("datasets/"):]  # the Hub's own URL form of a dataset
+        return HubRepository(repo_id, create=create, repo_type=repo_type)
     return LocalGitRepository(Path(strip_scheme(ref)).expanduser(), create=create)
 
 

@@ -10,12 +10,12 @@ inside the sandbox and use only the standard library, so they stay importable on
 """
 
 from codeparrot.sandbox.client import (
-                                       ALLOW_ENV,
-                                       Program,
-                                       Sandbox,
-                                       SandboxConfig,
-                                       code_execution_allowed,
-                                       describe_layers,
+    ALLOW_ENV,
+    Program,
+    Sandbox,
+    SandboxConfig,
+    code_execution_allowed,
+    describe_layers,
 )
 
 __all__ = ["ALLOW_ENV", "Program", "Sandbox", "SandboxConfig", "code_execution_allowed", "describe_layers"]

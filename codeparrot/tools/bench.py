@@ -13,15 +13,28 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
 from codeparrot.atomic_io import atomic_write_text
+from codeparrot.config import doc
 from codeparrot.tools.benchmarks.common import BenchRow
 
 # Order of the table: the pipeline's order.
-AREAS = ["data", "ray_engine", "near_dedup", "tokenizer", "loader", "train", "sandbox"]
+Area = Literal["data", "ray_engine", "near_dedup", "tokenizer", "loader", "train", "sandbox"]
+AREAS: list[str] = list(get_args(Area))
+
+
+@dataclass
+class BenchConfig:
+    """scripts/bench.py: which benchmark areas run, how big, and where the table goes."""
+
+    output: str = doc("bench/results.md", "Markdown file the table is written to (atomically)")
+    areas: list[Area] = doc(AREAS, "benchmark areas to run, in table order")
+    quick: bool = doc(False, "small inputs and few repeats: a smoke run, not figures to quote")
 
 
 def machine_lines() -> list[str]:
@@ -84,9 +97,34 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join([header, *body])
 
 
-def run(output: str | None, areas: list[str] | None = None, quick: bool = False) -> str:
-    command = "make bench" if not quick else "python scripts/bench.py --quick"
-    rows = collect(areas or AREAS, quick)
+# The GPU figures of the published setup: what measures them (codeparrot-small, bf16, seq 1024).
+GPU_COMMANDS = [
+    ("tokens/s, MFU (target >= 45%; the original ~5%), peak memory; with and without --compile",
+     "accelerate launch --num_processes 1 --mixed_precision bf16 scripts/train.py --config "
+     "configs/train/codeparrot-small.yaml --model REPO --data.train tokens/train --max_steps 200 "
+     "--eval.eval_steps 0 --checkpoint.save_steps 0 [--compile true]"),
+    ("a profile of one step", "the same command with --profile-steps 50:51"),
+    ("a short real run: loss curve, tokens/s, MFU, then pass@k",
+     "the same command with --max_minutes 10 (checkpoints pushed to branch run_name of REPO), then "
+     "accelerate launch scripts/human_eval.py --model REPO --revision RUN_NAME --output he.json --n-samples 10 "
+     "--allow-code-execution"),
+]
+
+
+def gpu_lines() -> list[str]:
+    """Where no CUDA device exists: the GPU rows, marked not measured, with the commands that measure them
+    (figures are never estimated)."""
+    if torch.cuda.is_available():
+        return [f"GPU present ({torch.cuda.get_device_name(0)}): measure the figures below with these commands.", "",
+                *[f"- {what}: `{cmd}`" for what, cmd in GPU_COMMANDS], ""]
+    return ["GPU figures: **not measured** (no CUDA device on this machine). They come from:", "",
+            *[f"- {what}: `{cmd}`" for what, cmd in GPU_COMMANDS], ""]
+
+
+def run(cfg: BenchConfig) -> str:
+    """Run `cfg.areas`, print the table and write it to `cfg.output` (atomically); returns the Markdown."""
+    command = "make bench" if not cfg.quick else "python scripts/bench.py --quick"
+    rows = collect(list(cfg.areas) or AREAS, cfg.quick)
     text = "\n".join([
         "# CodeParrot benchmarks",
         "",
@@ -96,9 +134,10 @@ def run(output: str | None, areas: list[str] | None = None, quick: bool = False)
         "",
         format_table(rows),
         "",
+        *gpu_lines(),
     ])
     print(text)
-    if output:
-        atomic_write_text(output, text)
-        print(f"written to {output}", file=sys.stderr)
+    if cfg.output:
+        atomic_write_text(cfg.output, text)
+        print(f"written to {cfg.output}", file=sys.stderr)
     return text

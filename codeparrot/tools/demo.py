@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from codeparrot.atomic_io import atomic_write_json
+from codeparrot.config import doc
 from codeparrot.errors import CodeParrotError
 from codeparrot.tools.demo_summary import print_summary
 
@@ -142,8 +143,24 @@ def run_stage(out: Path, stage: Stage) -> float:
     return seconds
 
 
-def run_demo(out: Path, fresh: bool, train_minutes: float, humaneval_tasks: int, num_processes: int) -> dict[str, float]:
-    out = out.resolve()
+@dataclass
+class DemoConfig:
+    """scripts/demo.py: where the demo writes and how much of each stage it runs."""
+
+    output_dir: str = doc("demo_output", "where every stage writes (default: demo_output)")
+    fresh: bool = doc(False, "delete the output folder first and redo every stage")
+    train_minutes: float = doc(4.0, "wall-clock budget of the training stage (default: 4)")
+    humaneval_tasks: int = doc(5, "HumanEval problems the demo model is scored on (default: 5)")
+    num_processes: int = doc(1, "training processes (CPU: 2 uses both cores as 2 ranks)")
+
+    def validate(self) -> None:
+        if self.train_minutes <= 0 or self.humaneval_tasks < 1 or self.num_processes < 1:
+            raise CodeParrotError("--train-minutes must be > 0, --humaneval-tasks and --num-processes >= 1")
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, float]:
+    out, fresh, train_minutes = Path(cfg.output_dir).resolve(), cfg.fresh, cfg.train_minutes
+    humaneval_tasks, num_processes = cfg.humaneval_tasks, cfg.num_processes
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)

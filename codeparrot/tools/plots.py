@@ -440,3 +440,4 @@ def plot_losses(points: Sequence[LossPoint], png: str | os.PathLike, title: str,
                xlabel="tokens seen" if by_tokens else "training step", ylabel="validation loss (nats/token)")
         ax.legend(loc="upper right")
         return _save(fig, png)
+

@@ -227,7 +227,7 @@ class TrainConfig:
         accum = self.accumulation_steps(world_size)
         total = self.tokens_per_step(world_size) * self.max_steps
         return (f"{self.sequences_per_step(world_size)} sequences/step = {self.batch.micro_batch_size}/process × "
-                f"{accum} accumulation × {world_size} processes; {self.tokens_per_step(world_size):,} tokens/step × "
+                f"{accum} accumulation × {world_size} process{'es' if world_size != 1 else ''}; {self.tokens_per_step(world_size):,} tokens/step × "
                 f"{self.max_steps:,} steps = {_human(total)} tokens")
 
 
@@ -274,6 +274,10 @@ class PretokenizeConfig:
     text_column: str = doc("content", "JSON field holding the file's text (default: content)")
     batch_size: int = doc(1000, "records per batched tokenizer call and per task handed to a worker (default: 1000)")
     progress: bool = doc(True, "no progress bar", flag="--quiet", inverted=True)
+    push: Optional[str] = doc(None, "then publish OUTPUT_DIR (and a dataset card with the token counts and this "
+                                    "command) as one commit on main of this dataset repository, created if missing: "
+                                    "a Hub dataset (OWNER/NAME or hf://datasets/OWNER/NAME) or a local git "
+                                    "repository path; training reads it with --data.train REPO", metavar="REPO")
 
     def validate(self) -> None:
         if self.num_workers < 1 or self.batch_size < 1:

@@ -167,6 +167,32 @@ def test_highlight_tab(page, tmp_path, memorized_code):
     page.wait("document.getElementById('highlight-status').innerText.startsWith('error: the code is empty')")
 
 
+def _upload_file(page, elem_id: str, path: Path) -> None:
+    """Put `path` into a gr.File's <input type=file>, as choosing it in the file dialog would."""
+    root = page.call("DOM.getDocument", session=True, depth=-1, pierce=True)["root"]["nodeId"]
+    node = page.call("DOM.querySelector", session=True, nodeId=root, selector=f"#{elem_id} input[type=file]")["nodeId"]
+    page.call("DOM.setFileInputFiles", session=True, nodeId=node, files=[str(path)])
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("latin.py", "x = 'café'\n".encode("latin-1"), "not UTF-8 text"),
+    ("bin.py", b"\x7fELF\x00\x01", "binary file"),
+    ("big.py", b"x = 1\n" * 1000, "over the upload limit"),
+])
+def test_bad_uploads_are_one_line_messages_in_the_page(page, tmp_path, name, data, message):
+    _tab(page, "Highlight")
+    _set_code(page, "highlight-code", "")
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    _upload_file(page, "highlight-upload", bad)
+    page.wait(f"document.getElementById('highlight-upload').innerText.includes({json.dumps(name)})")
+    page.js("document.getElementById('highlight-button').click()")
+    status = page.wait(f"(s => s.includes({json.dumps(message)}) ? s : '')"
+                       "(document.getElementById('highlight-status').innerText)")
+    assert status.startswith("error: ") and "\n" not in status.strip(), status
+    assert "Traceback" not in page.js("document.body.innerText")
+    page.js("document.querySelector('#highlight-upload button[aria-label=\"Clear\"]')?.click()")
+
 def test_experiments_tab(page, tmp_path):
     _tab(page, "Experiments")
     table = page.wait("(t => t.includes('exp') ? t : '')(document.getElementById('experiments-branches').innerText)")

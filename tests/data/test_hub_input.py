@@ -4,7 +4,9 @@ offline against a real local dataset repository folder (JSONL shards under data/
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,6 +30,7 @@ def dataset_repo(tmp_path_factory, stdlib_texts) -> Path:
             for i, t in enumerate(stdlib_texts[:24])]
     rows.insert(10, dict(rows[3], repo_name="fork"))  # exact duplicate: the first occurrence wins
     rows.insert(15, dict(rows[4], content=None))  # a row without text: a bad record
+    rows.insert(20, dict(rows[5], path="near.py", content=rows[5]["content"] + "\nnear_duplicate = 1\n"))
     (repo / "data").mkdir()
     for shard, part in enumerate((rows[:13], rows[13:])):
         with open(repo / "data" / f"train-{shard:05d}-of-00002.jsonl", "w", encoding="utf-8") as f:
@@ -71,3 +74,47 @@ def test_stream_errors_are_one_line(dataset_repo, tmp_path, repo_root, python, s
     assert result.stderr.startswith(f"error: cannot stream {dataset_repo}:nope") and "Traceback" not in result.stderr
     with pytest.raises(CodeParrotError, match="no input"):
         preprocess(PreprocessConfig([], str(tmp_path / "o")))
+
+
+def _decisions(out: Path) -> dict:
+    """What a run decided: stats without timings, the clusters file, each shard's name and sha256."""
+    stats = json.loads((out / "stats.json").read_text())
+    return {"stats": {k: v for k, v in stats.items() if k not in ("seconds", "files_per_second", "mb_per_second",
+                                                                  "config", "index_bytes_per_file")},
+            "clusters": (out / "duplicate_clusters.json").read_bytes(),
+            "shards": {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                       for p in sorted(out.rglob("*.gz"))}}
+
+
+def test_the_ray_engine_reads_a_dataset_repository_shard_by_shard_with_the_local_decisions(dataset_repo, tmp_path,
+                                                                                          ray_session):
+    """One Ray read task per data file of the split; rows, bad-row locations (dataset:split:row over the whole
+    split) and near-duplicate clusters across the two shards are the local engine's."""
+    extra = tmp_path / "extra.jsonl"  # a local file before the dataset: input order spans both kinds
+    extra.write_text(json.dumps({"repo_name": "x", "path": "x.py", "content": _rows_of(dataset_repo)[7]["content"]})
+                     + "\n")
+    common = dict(num_workers=2, progress=False, valid_fraction=0.2, near_dedup=True, samples_per_file=8)
+    for engine in ("local", "ray"):
+        preprocess(PreprocessConfig([str(extra)], str(tmp_path / engine), dataset_id=str(dataset_repo),
+                                    engine=engine, **common))
+    ray, local = _decisions(tmp_path / "ray"), _decisions(tmp_path / "local")
+    assert ray == local
+    assert local["stats"]["exact_duplicates"] == 2 and local["stats"]["near_duplicates"] == 1
+    assert local["stats"]["bad_record_examples"]["non-string text"].startswith(f"{dataset_repo}:train:16 ")
+    clusters = json.loads(local["clusters"])["clusters"]
+    assert [m["input"] for m in clusters[0]] == [f"{dataset_repo}:train:6", f"{dataset_repo}:train:21"]
+
+
+def test_a_shard_failing_mid_stream_is_a_one_line_error_on_both_engines(dataset_repo, tmp_path, ray_session):
+    broken = tmp_path / "broken"
+    shutil.copytree(dataset_repo, broken)
+    (broken / "data" / "train-00001-of-00002.jsonl").write_text('{"content": "x"}\n{"content": \n')
+    for engine in ("local", "ray"):
+        with pytest.raises(CodeParrotError, match=f"^cannot stream {broken}:train: ") as err:
+            preprocess(PreprocessConfig([], str(tmp_path / engine), dataset_id=str(broken), engine=engine,
+                                        num_workers=2, progress=False))
+        assert "\n" not in str(err.value) and not (tmp_path / engine).exists()
+
+
+def _rows_of(repo: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted((repo / "data").glob("*.jsonl")) for line in p.open()]

@@ -15,6 +15,7 @@ import os
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from codeparrot.data.export import export_local
@@ -151,10 +152,31 @@ def test_ray_stays_on_loopback(ray_session):
 
     assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
     assert ray.get(ray.remote(lambda: 1).remote()) == 1  # a worker process is up and serving too
-    ray_pids = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_ray_process(p)}
+    ours = _descendants(os.getpid())  # this session's Ray (gcs, raylet, workers), not another on the machine
+    ray_pids = {pid for pid in ours if _is_ray_process(Path(f"/proc/{pid}"))}
     listening = _listening_addresses(ray_pids)
     assert listening, "no listening socket of a Ray process was found"
-    assert all(ip.is_loopback for ip, _ in listening), sorted(map(str, listening))
+    outside = sorted(f"{ip}:{port}" for ip, port in listening if not ip.is_loopback)
+    assert outside == [], f"Ray listens beyond loopback: {outside}"
+
+
+def _descendants(root: int) -> set[int]:
+    """`root`'s descendant processes (from /proc/*/stat parent ids)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) if proc.name.isdigit() else None
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _is_ray_process(proc: Path) -> bool:
@@ -196,3 +218,31 @@ def test_ray_address_needs_the_ray_engine(tmp_path):
     cfg = dataclasses.replace(_cfg([tmp_path], tmp_path / "out", "local"), ray_address="127.0.0.1:6379")
     with pytest.raises(CodeParrotError, match="--engine ray"):
         cfg.validate()
+
+
+def test_ray_filter_tasks_cap_the_tokenizer_thread_pool(inputs, tmp_path, ray_session, code_tokenizer):
+    """A filter/MinHash task sizes the tokenizer's Rust pool to its own CPU share, as the local pool's workers do
+    (N concurrent tasks x all-core pools would oversubscribe a node), before the tokenizer first runs."""
+    import pyarrow as pa
+    import ray
+
+    from codeparrot.data.preprocess import ChunkWorker
+    from codeparrot.data.ray_engine import _WORK_CPUS, _work
+    from codeparrot.data.ray_read import good_rows, read_unit
+
+    code_tokenizer.save_pretrained(tmp_path / "tok")
+    cfg = _cfg(inputs, tmp_path / "out", "ray", tokenizer=str(tmp_path / "tok"))
+    batch = {"unit": [0], "path": [str(inputs[0])], "dataset_id": [""], "split": [""], "revision": [""],
+             "shard": [0], "num_shards": [1]}
+    table = good_rows(pa.concat_tables(list(read_unit(batch, "content"))))
+    winners = np.sort(table["id"].to_numpy())
+
+    @ray.remote(num_cpus=_WORK_CPUS)
+    def task(table, worker, box):
+        os.environ.pop("RAYON_NUM_THREADS", None)  # a fresh worker process, whatever ran in it before
+        reasons = _work(table, worker, box, cfg.num_perm, None)["reason"].to_pylist()
+        return os.environ.get("RAYON_NUM_THREADS"), reasons
+
+    threads, reasons = ray.get(task.remote(table, ChunkWorker(cfg, None, None), [ray.put(winners)]))
+    assert threads == str(_WORK_CPUS) == "1"
+    assert len(reasons) == len(table) and reasons.count("") > len(table) // 2  # the filters (tokenizer one on) ran

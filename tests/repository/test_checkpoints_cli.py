@@ -143,26 +143,10 @@ def test_bad_inputs_are_one_line_errors_and_create_nothing(run, tokenizer_dir, t
     assert [c.message for c in repo.list_commits("main")] == ["initial model"]
 
 
-def _olah_cli() -> str | None:
-    """olah (a Hub mirror serving local git repositories) pins old dependencies (psutil 5), so it lives in its
-    own environment: point CODEPARROT_OLAH at its `olah-cli`, or have `olah-cli` on PATH."""
-    import os
-    import shutil
-
-    return os.environ.get("CODEPARROT_OLAH") or shutil.which("olah-cli")
-
-
-@pytest.mark.skipif(_olah_cli() is None, reason="olah not installed (set CODEPARROT_OLAH=/path/to/olah-cli)")
-def test_hub_read_side_for_real_through_an_olah_mirror(run, scripts_env, python, tmp_path):
+def test_hub_read_side_for_real_through_an_olah_mirror(run, scripts_env, python, tmp_path, olah_mirror):
     """list / download / from_pretrained(revision=...) against a real Hub API server (olah, offline mode)."""
-    import socket
-    import time
-    import urllib.request
-
     from codeparrot.repository.local import LocalGitRepository
 
-    # The mirror serves <mirrors>/models/<owner>/<name> git repositories (plain git: olah reads LFS objects
-    # only from a worktree's .git/lfs).
     repo = LocalGitRepository(tmp_path / "mirrors" / "models" / "user" / "tiny", create=True, use_lfs=False)
     folder = tmp_path / "f"
     folder.mkdir()
@@ -172,44 +156,22 @@ def test_hub_read_side_for_real_through_an_olah_mirror(run, scripts_env, python,
         (folder / "model.safetensors").write_bytes(bytes([step]) * 1000)
         ids[step] = repo.commit_folder(folder, "main" if step == 0 else "run-a",
                                        "initial model" if step == 0 else f"step {step}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "olah.toml").write_text(
-        f'[basic]\nhost = "127.0.0.1"\nport = {port}\nmirror-netloc = "127.0.0.1:{port}"\n'
-        f'mirror-lfs-netloc = "127.0.0.1:{port}"\nrepos-path = "{tmp_path / "olah-cache"}"\n'
-        f'mirrors-path = ["{tmp_path / "mirrors"}"]\n\n[accessibility]\noffline = true\n')
-    server = subprocess.Popen([_olah_cli(), "-c", str(tmp_path / "olah.toml")], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/models/user/tiny/refs", timeout=2).read()
-                break
-            except OSError:
-                assert time.time() < deadline and server.poll() is None, "olah did not start"
-                time.sleep(0.3)
-        scripts_env.update(HF_ENDPOINT=url, HF_HUB_OFFLINE="0", HF_HOME=str(tmp_path / "hf-home"))
-        listing = run("checkpoints.py", "list", "user/tiny")
-        assert listing.returncode == 0, listing.stderr
-        assert [line.split()[0] for line in listing.stdout.splitlines()[1:]] == ["main", "run-a"]
-        out = tmp_path / "older"
-        proc = run("checkpoints.py", "download", "user/tiny", "--revision", ids[1], "--output-dir", out)
-        assert proc.returncode == 0, proc.stderr
-        assert json.loads((out / "config.json").read_text()) == {"step": 1}
-        assert (out / "model.safetensors").read_bytes() == bytes([1]) * 1000
-        code = ("from codeparrot.repository import resolve_model_dir; import json; "
-                "print(json.load(open(resolve_model_dir('user/tiny', 'run-a') / 'config.json'))['step'])")
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=scripts_env, timeout=60)
-        assert proc.returncode == 0 and proc.stdout.strip() == "2", proc.stderr
-        missing = run("checkpoints.py", "download", "user/tiny", "--revision", "nope", "--output-dir", tmp_path / "x")
-        _one_line_error(missing, "user/tiny")
-        assert not (tmp_path / "x").exists()
-    finally:
-        server.terminate()
-        server.wait(10)
+    scripts_env.update(HF_ENDPOINT=olah_mirror(), HF_HUB_OFFLINE="0", HF_HOME=str(tmp_path / "hf-home"))
+    listing = run("checkpoints.py", "list", "user/tiny")
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines()[1:]] == ["main", "run-a"]
+    out = tmp_path / "older"
+    proc = run("checkpoints.py", "download", "user/tiny", "--revision", ids[1], "--output-dir", out)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text()) == {"step": 1}
+    assert (out / "model.safetensors").read_bytes() == bytes([1]) * 1000
+    code = ("from codeparrot.repository import resolve_model_dir; import json; "
+            "print(json.load(open(resolve_model_dir('user/tiny', 'run-a') / 'config.json'))['step'])")
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=scripts_env, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "2", proc.stderr
+    missing = run("checkpoints.py", "download", "user/tiny", "--revision", "nope", "--output-dir", tmp_path / "x")
+    _one_line_error(missing, "user/tiny")
+    assert not (tmp_path / "x").exists()
 
 
 def test_pushed_losses_drive_plot_and_promote_from_the_repository_alone(run, tmp_path):
@@ -235,8 +197,8 @@ def test_pushed_losses_drive_plot_and_promote_from_the_repository_alone(run, tmp
             f.write(json.dumps({"step": step, "loss": loss + 1, "tokens_seen": step * 64}) + "\n")
             f.write(json.dumps({"step": step, "tokens_seen": step * 64, "val_loss": loss, "perplexity": 1.0,
                                 "val_tokens": 630, "val_sequences": 10, "val_seq_length": 64}) + "\n")
-        ckpt = run_dir / f"step-{step}"
-        ckpt.mkdir()
+        ckpt = run_dir / "checkpoints" / f"step-{step}"  # training's layout: <run>/checkpoints/step-N
+        ckpt.mkdir(parents=True)
         (ckpt / "weights.bin").write_text(f"step {step}")
         pusher.push(ckpt, f"step {step}")
     assert pusher.wait() == []

@@ -398,7 +398,7 @@ def test_hub_backend_calls_at_hfapi_boundary_push_is_branch_from_main_and_non_bl
     assert fake.calls[0][1] == {"repo_id": "user/codeparrot", "repo_type": "model", "exist_ok": True,
                                 "private": None}
     assert fake.calls[1][1] == {"repo_id": "user/codeparrot", "branch": "run-a", "revision": "main",
-                                "exist_ok": True}
+                                "exist_ok": True, "repo_type": "model"}
     upload = fake.calls[2][1]
     assert upload["revision"] == "run-a" and upload["commit_message"] == "step 10"
     assert upload["run_as_future"] is True and upload["delete_patterns"] == "*"

@@ -220,6 +220,23 @@ def test_checkpoints_are_pushed_to_the_run_branch(full_run, toy):
     assert all(torch.equal(pushed[k], v) for k, v in _weights(result.run_dir / "final").items())
 
 
+def test_pushed_checkpoints_carry_their_validation_loss(full_run, toy):
+    """Each "step N" commit of a real run carries metrics.json: the run's latest eval at or before N (read from
+    <run>/metrics.jsonl while checkpoints live in <run>/checkpoints/step-N), which `checkpoints.py plot` and
+    `promote` rely on."""
+    from codeparrot.repository.metrics import read_pushed_metrics
+    from codeparrot.repository.refs import open_repository
+
+    cfg, result = full_run
+    evals = {e["step"]: e["val_loss"] for e in _metrics(result.run_dir) if "val_loss" in e}  # steps 6 and 12
+    repo = open_repository(str(toy.repo))
+    pushed = {c.step: read_pushed_metrics(repo, c.commit_id) for c in repo.list_commits(cfg.run_name) if c.step}
+    assert pushed[4] is None  # no evaluation yet at step 4
+    assert pushed[8]["step"] == 6 and pushed[8]["val_loss"] == pytest.approx(evals[6])
+    assert pushed[12]["step"] == 12 and pushed[12]["val_loss"] == pytest.approx(evals[12])
+    assert pushed[12]["val_seq_length"] == 64 and pushed[12]["val_sequences"] > 0
+
+
 def test_trackers_and_profile_written(full_run):
     _, result = full_run
     assert list((result.run_dir / "tensorboard").rglob("events.out.tfevents.*"))

@@ -28,6 +28,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.datasets import resolve_dataset
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.pretokenized import PretokenizedDataset, is_pretokenized, validate_against_tokenizer
 
@@ -43,12 +44,15 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
       `tokenizer` (one-line error otherwise); `shuffle` = a seeded permutation of sequences per epoch;
     - JSON/JSONL(.gz) shards (file, folder, glob or list) -> `ConstantLengthDataset`; `shuffle` enables its
       file-level (`shuffle_buffer` records) and sequence-level (`sequence_shuffle_buffer`) shuffle buffers;
-    - a Hub dataset id (`user/name`, not a local path; or `hub_dataset=`) -> `ConstantLengthDataset` streaming it.
+    - a Hub dataset id (`user/name`, not a local path; or `hub_dataset=`) -> `ConstantLengthDataset` streaming it;
+    - a dataset repository (`--push` of preprocess/pretokenize: a local git repository, a clone of one or
+      `hf://datasets/OWNER/NAME`, optionally `@REVISION`) -> its `split` folder, read as one of the above.
     Use `infinite=True, shuffle=True` for training and `infinite=False, shuffle=False` for validation (a finite
     stream where every sequence belongs to exactly one rank; ranks may differ by a few sequences)."""
     if seq_length <= 0:
         raise CodeParrotError(f"seq_length must be > 0, got {seq_length}")
     if hub_dataset is None and isinstance(data, (str, os.PathLike)):
+        data = resolve_dataset(data, split)
         if is_pretokenized(data):
             validate_against_tokenizer(data, tokenizer)
             return PretokenizedDataset(data, seq_length, infinite=infinite, seed=seed, shuffle=shuffle, rank=rank,

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.data.records import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
+from codeparrot.repository.datasets import open_dataset_repository, publish_pretokenized
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.config import PretokenizeConfig
 from codeparrot.training.datasets.constant_length import encode_with_eos, eos_token_id, token_dtype, vocab_size_of
@@ -291,7 +292,9 @@ class _PretokenizedIterator:
 
 
 def run_pretokenize(cfg: PretokenizeConfig) -> list[dict]:
-    """scripts/pretokenize.py: pretokenize every split `cfg` names, one summary line each; returns the indexes."""
+    """scripts/pretokenize.py: pretokenize every split `cfg` names, one summary line each; returns the indexes.
+    With `cfg.push`, the output folder is then published (`codeparrot.repository.datasets`)."""
+    repo = open_dataset_repository(cfg.push, cfg.output_dir) if cfg.push else None  # a bad --push fails before the work
     tokenizer = load_tokenizer(cfg.tokenizer)
     indexes = []
     for shards, out in cfg.jobs():
@@ -305,4 +308,8 @@ def run_pretokenize(cfg: PretokenizeConfig) -> list[dict]:
             continue
         print(f"{out}: {index['n_tokens']:,} tokens ({index['dtype']}) from {index['n_records']:,} files in "
               f"{len(index['files'])} shard(s); {index['seconds']:.1f} s, {index['tokens_per_second']:,} tokens/s")
+    if repo is not None:
+        root = Path(cfg.output_dir)
+        publish_pretokenized(repo, root, {os.path.relpath(out, root): index
+                                          for (_, out), index in zip(cfg.jobs(), indexes)})
     return indexes
