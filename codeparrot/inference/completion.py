@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-import transformers
 from transformers.generation.streamers import BaseStreamer
 
 from codeparrot.atomic_io import atomic_write_json
@@ -245,7 +244,6 @@ def format_samples(prompt_text: str, completions: Sequence[Completion], start: i
 def run_generate(cfg: GenerateConfig) -> list[Completion]:
     """scripts/generate.py: complete `cfg`'s prompt, streaming sample 1 live unless `cfg.quiet`; the summary
     (tokens/s, seed, why each sample ended) goes to stderr and, with `cfg.output`, everything to a JSON file."""
-    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar between prompt and output
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.revision, cfg.device)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import transformers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from codeparrot.atomic_io import atomic_write_text
@@ -378,7 +377,6 @@ probability and the model's most likely alternatives.
 def run_highlight(cfg: HighlightConfig) -> FileScores:
     """scripts/highlight.py: score `cfg.file`, write the HTML page to `cfg.output` and print the summary line
     and the most surprising lines."""
-    transformers.utils.logging.disable_progress_bar()
     path = Path(cfg.file)
     text = read_source_file(path)
     if not text:
