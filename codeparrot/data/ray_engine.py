@@ -31,11 +31,13 @@ no dashboard and no usage statistics, every server of it (GCS, raylet, workers, 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -68,16 +70,25 @@ LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUS
 
 
 def start_local_ray(num_cpus: int) -> None:
-    """Start a private, loopback-only Ray in this process: `num_cpus` CPUs, no dashboard, no usage stats."""
-    os.environ.update(LOCAL_RAY_ENV)
+    """Start a private, loopback-only Ray in this process: `num_cpus` CPUs, no dashboard, no usage stats.
+    `LOCAL_RAY_ENV` must be in the environment before `ray` is first imported; a Ray whose node came up on
+    another address is shut down again with a one-line error, never used."""
+    if "ray" not in sys.modules:
+        os.environ.update(LOCAL_RAY_ENV)
     import ray
 
     ray.init(num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
+    address = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(address).is_loopback:
+        ray.shutdown()
+        raise CodeParrotError(f"the local Ray came up on {address}, not on loopback: ray was imported before "
+                              f"{' and '.join(f'{k}={v}' for k, v in LOCAL_RAY_ENV.items())} were set")
 
 
 def start_ray(cfg: PreprocessConfig) -> bool:
     """Connect to `cfg.ray_address` or start a local loopback-only Ray; True if this call started it."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # read when ray is imported: before the import
+    for key, value in (LOCAL_RAY_ENV.items() if not cfg.ray_address else [("RAY_USAGE_STATS_ENABLED", "0")]):
+        os.environ.setdefault(key, value)  # read when ray is first imported: before the import
     try:
         import ray
     except ImportError:

@@ -12,6 +12,8 @@ import hashlib
 import ipaddress
 import json
 import os
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -158,6 +160,23 @@ def test_ray_stays_on_loopback(ray_session):
     assert listening, "no listening socket of a Ray process was found"
     outside = sorted(f"{ip}:{port}" for ip, port in listening if not ip.is_loopback)
     assert outside == [], f"Ray listens beyond loopback: {outside}"
+
+
+def test_the_engine_s_own_start_is_loopback_only(tmp_path):
+    """`start_ray` as `preprocess.py --engine ray` calls it, in a fresh interpreter (nothing set beforehand):
+    the node comes up on a loopback address, so its servers listen on loopback only (see the test above)."""
+    code = (
+        "from codeparrot.data.preprocess import PreprocessConfig\n"
+        "from codeparrot.data.ray_engine import start_ray\n"
+        f"start_ray(PreprocessConfig(['-'], {str(tmp_path / 'out')!r}, num_workers=1, engine='ray', progress=False))\n"
+        "import ray\n"
+        "print('NODE', ray.util.get_node_ip_address())\n"
+        "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [node] = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("NODE ")]
+    assert ipaddress.ip_address(node).is_loopback, node
 
 
 def _descendants(root: int) -> set[int]:
