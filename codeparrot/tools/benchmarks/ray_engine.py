@@ -7,6 +7,7 @@ without `--ray-address`), so the files/s include the start-up; the note also giv
 
 from __future__ import annotations
 
+import importlib.util
 import sysconfig
 import tempfile
 import time
@@ -40,9 +41,9 @@ def startup_seconds(workers: int = 2) -> float:
 
 
 def rows(quick: bool = False) -> list[BenchRow]:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
+    # find_spec, not import: ray must be first imported by start_ray, after its loopback settings are in the
+    # environment (start_local_ray refuses a Ray that came up off loopback)
+    if importlib.util.find_spec("ray") is None:
         return [BenchRow("preprocess --engine ray", "files/s", float("nan"), float("nan"), float("nan"), 0,
                          "ray not installed: pip install 'codeparrot[distributed]'")]
     repeats = 1 if quick else 3
