@@ -23,13 +23,14 @@ export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test demo bench app clean help
+.PHONY: install test demo bench gpu-check app clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH))"
 	@echo "make demo      run the whole pipeline on the embedded default corpus into $(DEMO_DIR)/ (FRESH=1 redoes every stage)"
 	@echo "make test      run the test suite"
 	@echo "make bench     print the benchmark table (also written to bench/results.md)"
+	@echo "make gpu-check what the recipe gets on this GPU (scripts/gpu_check.py; results in gpu_check/)"
 	@echo "make app       serve the web app on the demo's model repository (after make demo; APP_PORT=$(APP_PORT))"
 
 $(VENV)/.installed: pyproject.toml
@@ -57,6 +58,9 @@ app: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench.py --output bench/results.md
+
+gpu-check: $(VENV)/.installed
+	$(PY) scripts/gpu_check.py --output-dir gpu_check
 
 clean:
 	rm -rf $(VENV) $(OLAH_VENV) $(DEMO_DIR) .pytest_cache

@@ -38,7 +38,9 @@ class ModelConfig:
     n_head: int = doc(12, "Attention heads per block; head size = n_embd / n_head.")
     n_positions: int = doc(1024, "Context length: the longest sequence the model accepts (learned positions).")
     n_inner: int | None = doc(None, "MLP hidden size; null means 4 * n_embd (GPT-2).")
-    activation_function: str = doc("gelu_new", "MLP activation (GPT-2: gelu_new, the tanh approximation).")
+    activation_function: str = doc("gelu_pytorch_tanh", "MLP activation. gelu_pytorch_tanh: GPT-2's gelu_new (the tanh "
+                                   "approximation) as one fused kernel; gelu_new: the same function as a chain "
+                                   "of elementwise ops (older checkpoints).")
     resid_pdrop: float = doc(0.1, "Dropout on the residual branches (attention and MLP outputs).")
     embd_pdrop: float = doc(0.1, "Dropout on the token + position embeddings.")
     attn_pdrop: float = doc(0.1, "Dropout on the attention probabilities.")

@@ -118,7 +118,8 @@ class TrainConfig:
 
     model: str = doc("", "Model repository (local git repository path or Hub id) whose `revision` holds the "
                          "initial model (scripts/initialize_model.py).")
-    revision: str = doc("main", "Revision (branch, tag or commit) of `model` to start from.")
+    revision: Optional[str] = doc("main", "Revision (branch, tag or commit) of `model` to start from; null for a "
+                                          "plain model folder (not a repository).")
     run_name: str = doc("run", "Name of the run: its branch in the model repository (and its folder by default).")
     output_dir: Optional[str] = doc(None, "The run's folder (checkpoints/, final/, metrics.jsonl, tensorboard/, "
                                           "wandb/); null = runs/<run_name>.")
@@ -128,10 +129,19 @@ class TrainConfig:
                                              "log step; the final evaluation, checkpoint and push still happen).")
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = doc(
         None, "Mixed precision; null = from the Accelerate config / launcher (accelerate_config.yaml: bf16).")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = doc(
-        "sdpa", "Attention kernel (sdpa: PyTorch's fused scaled-dot-product attention).")
+    attn_implementation: Literal["causal_sdpa", "sdpa", "eager", "flash_attention_2"] = doc(
+        "causal_sdpa", "Attention kernel. causal_sdpa: PyTorch's SDPA with is_causal=True and no mask built "
+                       "(flash/cuDNN causal kernels on a GPU, compiled or not; no per-forward host sync); sdpa: "
+                       "transformers' SDPA path with its mask; eager: the original numerics (slow).")
     gradient_checkpointing: bool = doc(False, "Recompute activations in the backward pass (less memory, ~30% slower).")
-    compile: bool = doc(False, "torch.compile the model (inductor).")
+    compile: Optional[bool] = doc(None, "torch.compile (inductor); null = on for CUDA, off on CPU (where the "
+                                        "first steps' compile costs more than it saves in short runs).")
+    compile_regions: bool = doc(True, "Compile each transformer block (Accelerate's regional compilation: one "
+                                      "compile reused by every block, mask creation stays eager); false = the "
+                                      "whole model as one graph.")
+    compile_loss: Optional[bool] = doc(None, "Compile the fused loss's per-chunk softmax into fused kernels "
+                                             "(one read of each logits chunk instead of several fp32 passes); "
+                                             "null = on for CUDA, off on CPU.")
     fused_loss: bool = doc(True, "Compute the LM head and cross-entropy together in chunks, never materializing the "
                                  "[batch, seq, vocab] logits (same loss, less memory, faster); false = the Hugging "
                                  "Face loss. Not used under FSDP/DeepSpeed (sharded head weight).")

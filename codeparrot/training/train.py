@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import ProjectConfiguration, parse_flag_from_env, set_seed
+from accelerate.utils import ProjectConfiguration, TorchDynamoPlugin, parse_flag_from_env, set_seed
 from tqdm.auto import tqdm
 
 from codeparrot.atomic_io import atomic_dir, ensure_writable_dir
@@ -31,6 +32,7 @@ from codeparrot.repository.model import check_model_tokenizer, load_pretrained_m
 from codeparrot.repository.pusher import CheckpointPusher
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
+from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
 from codeparrot.training.checkpointing import (
     TrainerState,
     full_state_dict,
@@ -108,11 +110,14 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 
     # ---- 2. accelerator, model, optimizer, schedule ----
     configure_wandb_env()
+    fast = FastPath.resolve(cfg, state.device)  # compile / compiled loss: on for CUDA unless the config says
+    if fast.cuda:
+        configure_cuda_allocator()  # before the first CUDA allocation
     accelerator = Accelerator(
         gradient_accumulation_steps=accum, mixed_precision=cfg.mixed_precision,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step, whatever the process count
-        dynamo_backend="inductor" if cfg.compile else None)
+        dynamo_plugin=fast.dynamo_plugin())
     enable_fsdp_on_cpu(accelerator)  # CPU processes: Accelerate's FSDP2 over gloo (training/sharding.py)
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
@@ -126,7 +131,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     report_sharding(accelerator, model)  # FSDP asked for: the parameters really are sharded
     train_loader = make_loader(cfg, train_ds, cfg.batch.micro_batch_size, device)
-    head = fused_head_weight(accelerator, model) if cfg.fused_loss else None  # None: Hugging Face's loss
+    head = fused_head_weight(accelerator, model, compiled=fast.compile_loss) if cfg.fused_loss else None
 
     step, tokens_seen = 0, 0
     tokens_per_step = cfg.tokens_per_step(world)
@@ -149,8 +154,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
     peak, peak_source = peak_flops(device, compute_dtype)
-    loss_kind = "fused LM head + cross-entropy" if head is not None else "the model's own (Hugging Face)"
-    accelerator.print(f"{cfg.budget_summary(world)}\nloss: {loss_kind}\n"
+    loss_kind = (f"fused LM head + cross-entropy ({'compiled' if head.compiled else 'eager'} softmax)"
+                 if head is not None else "the model's own (Hugging Face)")
+    accelerator.print(f"{cfg.budget_summary(world)}\nloss: {loss_kind}\n{fast.describe(cfg)}\n"
                       f"MFU: {flops_per_token / 1e6:.1f} MFLOP/token (6N + 12LHQT), "
                       f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} per device ({peak_source})")
 
@@ -274,7 +280,9 @@ def model_source_lines(cfg: TrainConfig) -> list[str]:
     """Where the starting weights come from: the repository, revision and commit (for a repository), plus a
     warning when the revision's newest commit is a promotion, i.e. already-trained weights, not an initial
     model. Best effort: a repository that cannot be listed (offline Hub) only gets the first line."""
-    line = f"starting weights: {cfg.model} @ {cfg.revision}"
+    line = f"starting weights: {cfg.model}" + (f" @ {cfg.revision}" if cfg.revision else " (a model folder)")
+    if not cfg.revision:
+        return [line]
     try:
         repo = open_repository(cfg.model)
         commit = repo.resolve_revision(cfg.revision)
@@ -313,9 +321,51 @@ def make_loader(cfg: TrainConfig, dataset, batch_size: int, device: torch.device
                             pin_memory=device.type == "cuda")
 
 
+@dataclass
+class FastPath:
+    """What this run compiles, resolved from the config's nulls (null = on for CUDA, off elsewhere)."""
+
+    cuda: bool
+    compile_model: bool
+    compile_regions: bool
+    compile_loss: bool
+
+    @classmethod
+    def resolve(cls, cfg: TrainConfig, device: torch.device) -> "FastPath":
+        cuda = device.type == "cuda"
+        compile_model = cuda if cfg.compile is None else cfg.compile
+        return cls(cuda, compile_model, cfg.compile_regions, cuda if cfg.compile_loss is None else cfg.compile_loss)
+
+    def dynamo_plugin(self) -> TorchDynamoPlugin | None:
+        """Accelerate's compile settings; None leaves the decision to the launcher (`--dynamo_backend`)."""
+        if not self.compile_model:
+            return None
+        return TorchDynamoPlugin(backend="inductor", use_regional_compilation=self.compile_regions)
+
+    def describe(self, cfg: TrainConfig) -> str:
+        compiled = ("per transformer block" if self.compile_regions else "whole model") if self.compile_model else "off"
+        return f"attention: {cfg.attn_implementation}; torch.compile: {compiled}"
+
+
+def configure_cuda_allocator() -> None:
+    """Expandable segments: large, changing allocations (the fused loss's chunks, the last shorter chunk,
+    evaluation batches) reuse memory instead of fragmenting it into OOMs on a nearly full card. The user's own
+    setting wins; torch >= 2.9 reads PYTORCH_ALLOC_CONF (the CUDA-named variable still works there)."""
+    if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF" if torch_older_than(2, 9) else "PYTORCH_ALLOC_CONF"] = (
+            "expandable_segments:True")
+
+
+def torch_older_than(major: int, minor: int) -> bool:
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return version < (major, minor)
+
+
 def load_model(cfg: TrainConfig, model_dir: Path):
     """The fp32 master model with the configured attention kernel, loss type and gradient checkpointing."""
 
+    if cfg.attn_implementation == CAUSAL_SDPA:
+        register_causal_attention()  # whole unpadded sequences, no cache: SDPA is_causal=True, no mask built
     model = load_pretrained_model(str(model_dir), attn_implementation=cfg.attn_implementation, dtype=torch.float32)
     # A fixed loss type: otherwise transformers resolves it on every forward (a graph break under torch.compile).
     model.loss_type = model.config.loss_type = "ForCausalLM"

@@ -47,7 +47,6 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
-from datasets import load_dataset
 
 from codeparrot.data.records import BadRecord, iter_record_lines, parse_record_line
 from codeparrot.errors import CodeParrotError
@@ -144,6 +143,8 @@ class HubRecordStream:
         self.start_epoch(0)
 
     def _open(self):
+        from datasets import load_dataset  # only Hub streams need `datasets` (a GPU image may not carry it)
+
         try:
             ds = load_dataset(self.name, data_files=self.data_files, split=self.split, streaming=True)
         except Exception as err:  # the library raises many types (connection, missing split, bad builder...)

@@ -1,0 +1,27 @@
+"""What the recipe gets on this device: versions and peak, GEMM/copy ceilings, attention backends, loss variants,
+training-step variants (tokens/s, MFU, memory, recompiles), a profile, and an end-to-end CLI run with resume.
+Results go to OUTPUT_DIR/gpu_check.json and gpu_check.md after every stage. `--smoke`: the tiny preset on any
+device (CI runs it). See codeparrot/tools/gpu_check/__init__.py for the stages."""
+
+from __future__ import annotations
+
+import sys
+
+from codeparrot.config import parse_config
+from codeparrot.errors import run_cli
+from codeparrot.tools.gpu_check.config import GpuCheckConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(GpuCheckConfig, argv, __doc__)
+    from codeparrot.tools.gpu_check.run import run_gpu_check  # torch only after the flags parsed
+
+    results = run_gpu_check(cfg)
+    failed = [name for name, entry in results["stages"].items() if "error" in entry and name in cfg.stages]
+    for name in failed:
+        print(f"error: gpu_check stage {name} failed: {results['stages'][name]['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
