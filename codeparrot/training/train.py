@@ -43,7 +43,7 @@ from codeparrot.training.checkpointing import (
 )
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
-from codeparrot.training.launch_checks import check_one_job, check_sharding
+from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.optim import build_optimizer, build_scheduler
@@ -81,6 +81,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     # ---- 1. inputs, checked before any compute ----
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() would read it
     check_one_job(state.num_processes, state.distributed_type)  # never N independent trainings in one folder
+    check_gpu_visible(cfg.mixed_precision)  # bf16/fp16 asked for, a GPU here that torch cannot use: not on the CPU
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
     accum = cfg.accumulation_steps(world)  # one-line error when the budget does not divide
     run_dir = cfg.run_dir()
