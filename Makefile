@@ -43,17 +43,22 @@ OLAH_VENV ?= .venv-olah
 DEMO_DIR ?= demo_output
 FRESH ?= 0
 APP_PORT ?= 7860
+# make gpu-data: the codeparrot-small repository and tokens the GPU commands use (GPU_DATA_SOURCES: source trees to
+# export instead of this virtualenv's site-packages)
+GPU_DATA ?= gpu_data
+GPU_DATA_SOURCES ?=
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test demo bench app clean help
+.PHONY: install test demo bench app gpu-data clean help
 
 help:
 	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH), CUDA=$(CUDA): cpu or cu126, cu128, ...)"
 	@echo "make demo      run the whole pipeline on the embedded default corpus into $(DEMO_DIR)/ (FRESH=1 redoes every stage)"
 	@echo "make test      run the test suite"
 	@echo "make bench     print the benchmark table (also written to bench/results.md)"
+	@echo "make gpu-data  build the codeparrot-small repository and tokens the GPU commands train on into $(GPU_DATA)/"
 	@echo "make app       serve the web app on the demo's model repository (after make demo; APP_PORT=$(APP_PORT))"
 
 $(PY):
@@ -71,7 +76,7 @@ $(TORCH_STAMP): | $(PY)
 
 # the project, with torch held at the installed build (a constraint: pip may not swap it for another)
 $(VENV)/.installed: pyproject.toml $(TORCH_STAMP)
-	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/.torch-constraint
+	$(PY) -W ignore -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/.torch-constraint
 	$(PY) -m pip install --quiet $(FIND_LINKS) -c $(VENV)/.torch-constraint -e ".[dev,distributed]"
 	@$(PY) -c 'from codeparrot.training.launch_checks import torch_build_report; print(torch_build_report())'
 	touch $@
@@ -93,8 +98,12 @@ app: $(VENV)/.installed
 	$(PY) scripts/app.py --model $(DEMO_DIR)/model-repo --revision demo-tiny --data-dir $(DEMO_DIR)/clean \
 		--runs-dir $(DEMO_DIR)/runs --port $(APP_PORT)
 
+gpu-data: $(VENV)/.installed
+	$(PY) scripts/gpu_data.py --output-dir $(GPU_DATA) $(if $(GPU_DATA_SOURCES),--sources $(GPU_DATA_SOURCES),) \
+		$(if $(filter 1,$(FRESH)),--fresh,)
+
 bench: $(VENV)/.installed
 	$(PY) scripts/bench.py --output bench/results.md
 
 clean:
-	rm -rf $(VENV) $(OLAH_VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(OLAH_VENV) $(DEMO_DIR) $(GPU_DATA) .pytest_cache
