@@ -8,7 +8,9 @@ embedding counts once, as the tied LM head; biases and LayerNorm gains are inclu
 per token; 12·L·H·Q·T is attention's QKᵀ and AV over a context of T (L layers, H heads of width Q), counted as
 if no causal mask skipped half of it. MFU = tokens/s × FLOPs/token / peak FLOP/s (summed over processes).
 
-Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run); on a CPU, the
+Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run), one row per device
+matched on the whole name `torch.cuda.get_device_name` reports (`GPU_PEAKS`; unlisted devices: no peak, MFU n/a,
+unless CODEPARROT_PEAK_TFLOPS gives it); on a CPU, the
 matmul rate measured on this machine with torch (large square matrices, best of several rounds, at the thread count
 the training process runs with), cached per CPU model, thread count and torch version in
 ~/.cache/codeparrot/cpu_peak.json, but not when the machine looked busy while measuring (too low a peak makes
