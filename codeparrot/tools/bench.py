@@ -101,26 +101,31 @@ def format_table(rows: list[BenchRow]) -> str:
 # repository and tokens `make gpu-data` builds. Each train.py command here loads through the config loader
 # (tests/tools/test_gpu_commands.py). 200 steps of the recipe's global batch (192 × 1,024 tokens): the config's
 # 2,000 warmup steps are cut to 20 (warmup longer than the run is an error), no validation split, no pushes.
-GPU_TRAIN = ("python scripts/launch.py --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no "
-             "scripts/train.py --config configs/train/codeparrot-small.yaml --model gpu_data/model-repo "
-             "--data.train gpu_data/tokens/train --data.valid '' --run_name gpu-200 --max_steps 200 "
-             "--schedule.warmup_steps 20 --eval.eval_steps 0 --checkpoint.save_steps 0 --checkpoint.push false")
+GPU_LAUNCH = "python scripts/launch.py --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no"
+
+
+def gpu_train(run_name: str, extra: str = "") -> str:
+    """The 200-step codeparrot-small command into run `run_name` (each variant its own run folder)."""
+    return (f"{GPU_LAUNCH} scripts/train.py --config configs/train/codeparrot-small.yaml --model gpu_data/model-repo "
+            f"--data.train gpu_data/tokens/train --data.valid '' --run_name {run_name} --max_steps 200 "
+            f"--schedule.warmup_steps 20 --eval.eval_steps 0 --checkpoint.save_steps 0 --checkpoint.push false{extra}")
+
+
 GPU_COMMANDS = [
     ("versions, device, peak row, GEMM and copy ceilings, attention and loss variants, training-step variants",
      "python scripts/gpu_check.py (make gpu-check)"),
     ("the repository and tokens the commands below train on", "make gpu-data"),
     ("tokens/s, MFU (PaLM appendix B, 6N + 12LHQT; target >= 45%, the original ~5%), peak memory: the run's "
-     "summary line (median after the warm-up window) and <run>/throughput.json", GPU_TRAIN),
-    ("the same with torch.compile", f"{GPU_TRAIN} --compile true"),
-    ("a profile of steps 50-51 (TensorBoard, <run>/tensorboard/profile)", f"{GPU_TRAIN} --profile-steps 50:51"),
+     "summary line (median after the warm-up window) and runs/gpu-200/throughput.json", gpu_train("gpu-200")),
+    ("the same with torch.compile", gpu_train("gpu-200-compile", " --compile true")),
+    ("a profile of steps 50-51 (TensorBoard, runs/gpu-200-profile/tensorboard/profile)",
+     gpu_train("gpu-200-profile", " --profile-steps 50:51")),
     ("a short real run: loss curve, validation loss, checkpoints pushed to branch gpu-10min, then pass@k",
-     "python scripts/launch.py --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no "
-     "scripts/train.py --config configs/train/codeparrot-small.yaml --model gpu_data/model-repo "
+     f"{GPU_LAUNCH} scripts/train.py --config configs/train/codeparrot-small.yaml --model gpu_data/model-repo "
      "--data.train gpu_data/tokens/train --data.valid gpu_data/tokens/valid --run_name gpu-10min --max_steps 3000 "
      "--schedule.warmup_steps 300 --max_minutes 10 --eval.eval_steps 500 --eval.max_eval_steps 50 "
-     "--checkpoint.save_steps 500; python scripts/launch.py --num_processes 1 --num_machines 1 --mixed_precision "
-     "bf16 --dynamo_backend no scripts/human_eval.py --model gpu_data/model-repo --revision gpu-10min "
-     "--output he.json --n-samples 10 --allow-code-execution"),
+     f"--checkpoint.save_steps 500; {GPU_LAUNCH} scripts/human_eval.py --model gpu_data/model-repo "
+     "--revision gpu-10min --output he.json --n-samples 10 --allow-code-execution"),
 ]
 
 
