@@ -176,7 +176,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    timings, reused = run_stages(out, build_stages(out, train_minutes, humaneval_tasks, num_processes), "make demo FRESH=1")
+    stages = build_stages(out, train_minutes, humaneval_tasks, num_processes)
+    timings, reused = run_stages(out, stages, "make demo FRESH=1")
     print_summary(out, timings, reused)
     return timings
 

@@ -197,10 +197,10 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             loss_mean = accelerator.reduce(loss_sum / micro_steps, reduction="mean").item()  # one sync per log
             elapsed = time.perf_counter() - clock
             tokens_per_s = clock_steps * tokens_per_step / elapsed
-            entry = throughput.add({"step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr,
-                     "grad_norm": float(grad_norm), "ms_per_step": 1000 * elapsed / clock_steps,
-                     "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops_per_token, peak, world),
-                     "memory_gib": memory_gib(device)})
+            entry = throughput.add({
+                "step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr, "grad_norm": float(grad_norm),
+                "ms_per_step": 1000 * elapsed / clock_steps, "tokens_per_s": tokens_per_s,
+                "mfu": mfu(tokens_per_s, flops_per_token, peak, world), "memory_gib": memory_gib(device)})
             log(accelerator, metrics, entry)
             if main:
                 bar.write(console_line(entry, cfg.max_steps))
@@ -348,7 +348,8 @@ def run_eval(cfg: TrainConfig, model, head, valid_ds, accelerator, device) -> Ev
 def log(accelerator, metrics: MetricsFile, entry: dict) -> None:
     """One logged dict: metrics.jsonl (main process) and every started tracker."""
     metrics.append(entry)
-    accelerator.log({k: v for k, v in entry.items() if k not in ("step", "warmup") and v is not None}, step=entry["step"])
+    tracked = {k: v for k, v in entry.items() if k not in ("step", "warmup") and v is not None}
+    accelerator.log(tracked, step=entry["step"])
 
 
 def make_pusher(cfg: TrainConfig):

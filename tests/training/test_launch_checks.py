@@ -143,9 +143,9 @@ def test_train_script_refuses_bf16_on_the_cpu_of_a_gpu_machine(repo_root, script
     env = {**scripts_env, "PATH": fake_nvidia_smi}
     env.pop("ACCELERATE_USE_CPU", None)
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "scripts/train.py", "--config", "configs/train/tiny.yaml", "--mixed_precision",
-                           "bf16", "--output_dir", str(run_dir)], cwd=repo_root, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    cmd = [sys.executable, "scripts/train.py", "--config", "configs/train/tiny.yaml", "--mixed_precision", "bf16",
+           "--output_dir", str(run_dir)]
+    done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert lines[-1].startswith("error: bf16 asked for on a machine with an NVIDIA GPU"), lines[-5:]
