@@ -4,14 +4,38 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is installed first and pinned: an unpinned torch (and a pinned one from the default index on Linux)
-# pulls a multi-GB CUDA build. Where a local folder carries a CPU torch wheel it is used; otherwise the CPU
-# builds come from PyTorch's own CPU wheel index.
-# GPU users: make install TORCH="torch==2.5.1" TORCH_INDEX="--index-url https://download.pytorch.org/whl/cu124"
+# pulls a multi-GB CUDA build. CUDA picks the build: `cpu` (the default) or a CUDA tag of PyTorch's wheel index
+# (cu126, cu128, ...), whose wheels carry their CUDA runtime (only the NVIDIA driver is needed):
+#   make install CUDA=cu126                          torch 2.13.0 built for CUDA 12.6
+#   make install CUDA=cu128 TORCH="torch==2.9.1"     another release (>= 2.6: transformers 5 and FSDP2 need it)
+#   make install TORCH_INDEX="--index-url URL"       any other wheel source (TORCH_INDEX= : pip's default index)
+# The CPU build comes from a local wheel folder when it holds one for the default pin, else from PyTorch's CPU index.
+# $(VENV)/.torch-request holds the request (TORCH and where it comes from): a different request reinstalls torch.
 TORCH ?= torch==2.13.0
+CUDA ?= cpu
+TORCH_FLOOR := 2.6
+PYTORCH_INDEX := https://download.pytorch.org/whl
 WHEEL_DIRS := $(wildcard /opt/wheels)
 FIND_LINKS := $(foreach d,$(WHEEL_DIRS),--find-links $(d))
-LOCAL_TORCH := $(wildcard $(addsuffix /torch-*.whl,$(WHEEL_DIRS)))
-TORCH_INDEX ?= $(if $(LOCAL_TORCH),,--index-url https://download.pytorch.org/whl/cpu)
+LOCAL_TORCH := $(wildcard $(addsuffix /torch-*+cpu-*.whl,$(WHEEL_DIRS)))
+ifneq ($(origin TORCH_INDEX),undefined)
+TORCH_SOURCE := $(TORCH_INDEX)
+TORCH_BUILD := any
+else ifeq ($(CUDA),cpu)
+# the local folder for the default pin (offline CI); any other request goes to the CPU index
+TORCH_SOURCE := $(FIND_LINKS) $(if $(and $(LOCAL_TORCH),$(filter file,$(origin TORCH))),,--index-url $(PYTORCH_INDEX)/cpu)
+TORCH_BUILD := cpu
+else
+# never the local folder: it holds CPU wheels, which pip would take for a CUDA request of the same version
+TORCH_SOURCE := --index-url $(PYTORCH_INDEX)/$(CUDA)
+TORCH_BUILD := $(CUDA)
+endif
+TORCH_REQUEST := $(strip $(TORCH) $(TORCH_BUILD) $(TORCH_SOURCE))
+TORCH_STAMP := $(VENV)/.torch-request
+# A stamp whose content differs from this request is out of date (make decides on times, so say it here).
+ifneq ($(strip $(file < $(TORCH_STAMP))),$(TORCH_REQUEST))
+.PHONY: $(TORCH_STAMP)
+endif
 # olah (a self-hosted Hub mirror) lets the tests exercise the Hub backend's read side offline. It lives in
 # its own venv because its pinned dependencies conflict with the project's; if it cannot be installed the
 # test that needs it is skipped with that reason.
@@ -19,24 +43,43 @@ OLAH_VENV ?= .venv-olah
 DEMO_DIR ?= demo_output
 FRESH ?= 0
 APP_PORT ?= 7860
+# make gpu-data: the codeparrot-small repository and tokens the GPU commands use (GPU_DATA_SOURCES: source trees to
+# export instead of this virtualenv's site-packages)
+GPU_DATA ?= gpu_data
+GPU_DATA_SOURCES ?=
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test demo bench gpu-check app clean help
+.PHONY: install test demo bench app gpu-data gpu-check clean help
 
 help:
-	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH))"
+	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH), CUDA=$(CUDA): cpu or cu126, cu128, ...)"
 	@echo "make demo      run the whole pipeline on the embedded default corpus into $(DEMO_DIR)/ (FRESH=1 redoes every stage)"
 	@echo "make test      run the test suite"
 	@echo "make bench     print the benchmark table (also written to bench/results.md)"
 	@echo "make gpu-check what the recipe gets on this GPU (scripts/gpu_check.py; results in gpu_check/)"
+	@echo "make gpu-data  build the codeparrot-small repository and tokens the GPU commands train on into $(GPU_DATA)/"
 	@echo "make app       serve the web app on the demo's model repository (after make demo; APP_PORT=$(APP_PORT))"
 
-$(VENV)/.installed: pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(FIND_LINKS) $(TORCH_INDEX) "$(TORCH)"
-	$(PY) -m pip install --quiet $(FIND_LINKS) -e ".[dev,distributed]"
+
+# torch alone, first: uninstalled when the installed one does not meet the request (version and build), since
+# pip would keep a CPU 2.13.0 for a CUDA 2.13.0 request; the stamp is removed first and written last, once the
+# install succeeded (a failed install is retried by the next make, whatever the request).
+$(TORCH_STAMP): | $(PY)
+	rm -f $@
+	$(PY) -W ignore codeparrot/tools/torch_request.py "$(TORCH)" $(TORCH_BUILD) || $(PY) -m pip uninstall --quiet --yes torch
+	$(PY) -m pip install --quiet $(TORCH_SOURCE) "$(TORCH)"
+	$(PY) -W ignore codeparrot/tools/torch_request.py "$(TORCH)" $(TORCH_BUILD) --floor $(TORCH_FLOOR)
+	printf '%s\n' '$(TORCH_REQUEST)' > $@
+
+# the project, with torch held at the installed build (a constraint: pip may not swap it for another)
+$(VENV)/.installed: pyproject.toml $(TORCH_STAMP)
+	$(PY) -W ignore -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/.torch-constraint
+	$(PY) -m pip install --quiet $(FIND_LINKS) -c $(VENV)/.torch-constraint -e ".[dev,distributed]"
+	@$(PY) -c 'from codeparrot.training.launch_checks import torch_build_report; print(torch_build_report())'
 	touch $@
 
 install: $(VENV)/.installed
@@ -56,6 +99,10 @@ app: $(VENV)/.installed
 	$(PY) scripts/app.py --model $(DEMO_DIR)/model-repo --revision demo-tiny --data-dir $(DEMO_DIR)/clean \
 		--runs-dir $(DEMO_DIR)/runs --port $(APP_PORT)
 
+gpu-data: $(VENV)/.installed
+	$(PY) scripts/gpu_data.py --output-dir $(GPU_DATA) $(if $(GPU_DATA_SOURCES),--sources $(GPU_DATA_SOURCES),) \
+		$(if $(filter 1,$(FRESH)),--fresh,)
+
 bench: $(VENV)/.installed
 	$(PY) scripts/bench.py --output bench/results.md
 
@@ -63,4 +110,4 @@ gpu-check: $(VENV)/.installed
 	$(PY) scripts/gpu_check.py --output-dir gpu_check
 
 clean:
-	rm -rf $(VENV) $(OLAH_VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(OLAH_VENV) $(DEMO_DIR) $(GPU_DATA) .pytest_cache

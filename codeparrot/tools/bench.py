@@ -97,17 +97,36 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join([header, *body])
 
 
-# The GPU figures of the published setup: what measures them (codeparrot-small, bf16, seq 1024).
+# The GPU figures of the published setup: what measures them (codeparrot-small, bf16, seq 1024), on the model
+# repository and tokens `make gpu-data` builds. Each train.py command here loads through the config loader
+# (tests/tools/test_gpu_commands.py). 200 steps of the recipe's global batch (192 × 1,024 tokens): the config's
+# 2,000 warmup steps are cut to 20 (warmup longer than the run is an error), no validation split, no pushes.
+GPU_LAUNCH = "python scripts/launch.py --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no"
+
+
+def gpu_train(run_name: str, extra: str = "") -> str:
+    """The 200-step codeparrot-small command into run `run_name` (each variant its own run folder)."""
+    return (f"{GPU_LAUNCH} scripts/train.py --config configs/train/codeparrot-small.yaml --model gpu_data/model-repo "
+            f"--data.train gpu_data/tokens/train --data.valid '' --run_name {run_name} --max_steps 200 "
+            f"--schedule.warmup_steps 20 --eval.eval_steps 0 --checkpoint.save_steps 0 --checkpoint.push false{extra}")
+
+
 GPU_COMMANDS = [
-    ("tokens/s, MFU (target >= 45%; the original ~5%), peak memory; with and without --compile",
-     "accelerate launch --num_processes 1 --mixed_precision bf16 scripts/train.py --config "
-     "configs/train/codeparrot-small.yaml --model REPO --data.train tokens/train --max_steps 200 "
-     "--eval.eval_steps 0 --checkpoint.save_steps 0 [--compile true]"),
-    ("a profile of one step", "the same command with --profile-steps 50:51"),
-    ("a short real run: loss curve, tokens/s, MFU, then pass@k",
-     "the same command with --max_minutes 10 (checkpoints pushed to branch run_name of REPO), then "
-     "accelerate launch scripts/human_eval.py --model REPO --revision RUN_NAME --output he.json --n-samples 10 "
-     "--allow-code-execution"),
+    ("versions, device, peak row, GEMM and copy ceilings, attention and loss variants, training-step variants",
+     "python scripts/gpu_check.py (make gpu-check)"),
+    ("the repository and tokens the commands below train on", "make gpu-data"),
+    ("tokens/s, MFU (PaLM appendix B, 6N + 12LHQT; target >= 45%, the original ~5%), peak memory: the run's "
+     "summary line (median after the warm-up window) and runs/gpu-200/throughput.json", gpu_train("gpu-200")),
+    ("the same in eager mode (no torch.compile of the blocks or the loss), to see what compiling is worth",
+     gpu_train("gpu-200-eager", " --compile false --compile_loss false")),
+    ("a profile of steps 50-51 (TensorBoard, runs/gpu-200-profile/tensorboard/profile)",
+     gpu_train("gpu-200-profile", " --profile-steps 50:51")),
+    ("a short real run: loss curve, validation loss, checkpoints pushed to branch gpu-10min, then pass@k",
+     f"{GPU_LAUNCH} scripts/train.py --config configs/train/codeparrot-small.yaml --model gpu_data/model-repo "
+     "--data.train gpu_data/tokens/train --data.valid gpu_data/tokens/valid --run_name gpu-10min --max_steps 3000 "
+     "--schedule.warmup_steps 300 --max_minutes 10 --eval.eval_steps 500 --eval.max_eval_steps 50 "
+     f"--checkpoint.save_steps 500; {GPU_LAUNCH} scripts/human_eval.py --model gpu_data/model-repo "
+     "--revision gpu-10min --output he.json --n-samples 10 --allow-code-execution"),
 ]
 
 

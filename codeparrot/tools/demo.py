@@ -53,23 +53,23 @@ def _accelerate(num_processes: int) -> list[str]:
     return [*launch, "--cpu", "--num_processes", "1"]
 
 
-def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_processes: int) -> list[Stage]:
+def data_stages(out: Path, export_args: list[str], model_config: Path) -> list[Stage]:
+    """From source trees to a model repository and pretokenized splits: export_local (`export_args`: its source
+    trees and options) -> preprocess with near dedup -> tokenizer -> initial model (`model_config`) -> the
+    characters-per-token filter -> pretokenize. The demo's first stages, and all of `make gpu-data`."""
     raw, clean, tok, repo = out / "raw", out / "clean", out / "tokenizer", out / "model-repo"
     final = out / "clean-final"  # clean/ after the characters-per-token filter, which needs the tokenizer
-    tokens, run_dir, plots = out / "tokens", out / "runs" / "demo-tiny", out / "plots"
-    cpu_env = {"ACCELERATE_USE_CPU": "1"}
+    tokens = out / "tokens"
     return [
-        Stage("export", [*_script("export_local.py"), "--output-dir", str(raw)], [raw]),
+        Stage("export", [*_script("export_local.py"), *export_args, "--output-dir", str(raw)], [raw]),
         Stage("preprocess", [*_script("preprocess.py"), "--input", str(raw), "--output-dir", str(clean),
                              "--near-dedup", "--num-workers", "2", "--seed", "0",
                              # 5% instead of 1%: the demo corpus is small, and a validation split of a few
                              # files makes a noisy loss.
                              "--valid-fraction", "0.05"], [clean / "stats.json"]),
-        Stage("plot-filters", [*_script("plot.py"), "filters", str(clean / "stats.json"),
-                               "--output", str(plots / "filters.png")], [plots / "filters.png"]),
         Stage("tokenizer", [*_script("train_tokenizer.py"), "--dataset", str(clean / "train"), "--output-dir", str(tok),
                             "--valid-dataset", str(clean / "valid")], [tok / "tokenizer.json"]),
-        Stage("initialize", [*_script("initialize_model.py"), "--model-config", str(REPO_ROOT / "configs/model/tiny.yaml"),
+        Stage("initialize", [*_script("initialize_model.py"), "--model-config", str(model_config),
                              "--tokenizer", str(tok), "--repo", str(repo)], [repo]),
         # The characters-per-token filter needs a tokenizer, which the demo trains only after preprocessing: a
         # second pass over the clean splits applies it. Every other decision is a function of the content, seed
@@ -81,6 +81,18 @@ def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_proc
               [final / "stats.json"]),
         Stage("pretokenize", [*_script("pretokenize.py"), "--dataset", str(final), "--tokenizer", str(tok),
                               "--output-dir", str(tokens), "--num-workers", "2"], [tokens / "train", tokens / "valid"]),
+    ]
+
+
+def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_processes: int) -> list[Stage]:
+    clean, repo, tokens = out / "clean", out / "model-repo", out / "tokens"
+    run_dir, plots = out / "runs" / "demo-tiny", out / "plots"
+    cpu_env = {"ACCELERATE_USE_CPU": "1"}
+    stages = data_stages(out, [], REPO_ROOT / "configs/model/tiny.yaml")  # export: the standard library
+    stages.insert(2, Stage("plot-filters", [*_script("plot.py"), "filters", str(clean / "stats.json"),
+                                            "--output", str(plots / "filters.png")], [plots / "filters.png"]))
+    return [
+        *stages,
         Stage("train", [*_accelerate(num_processes), str(REPO_ROOT / "scripts/train.py"),
                         "--config", str(REPO_ROOT / "configs/train/tiny.yaml"),
                         "--model", str(repo), "--run_name", "demo-tiny", "--output_dir", str(run_dir),
@@ -164,21 +176,27 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    stages = build_stages(out, train_minutes, humaneval_tasks, num_processes)
+    timings, reused = run_stages(out, stages, "make demo FRESH=1")
+    print_summary(out, timings, reused)
+    return timings
+
+
+def run_stages(out: Path, stages: list[Stage], redo_hint: str) -> tuple[dict[str, float], set[str]]:
+    """Run each stage not already done (`is_done`); (seconds per stage with "total", names of reused stages)."""
     timings: dict[str, float] = {}
     reused: set[str] = set()
     total = time.perf_counter()
-    for stage in build_stages(out, train_minutes, humaneval_tasks, num_processes):
+    for stage in stages:
         if is_done(out, stage):
-            print(f"=== [{stage.name}] already complete, reusing it (make demo FRESH=1 to redo)")
+            print(f"=== [{stage.name}] already complete, reusing it ({redo_hint} to redo)")
             # the time it took when it ran (its completion record), shown as reused: not "0 s"
             timings[stage.name] = recorded_seconds(out, stage)
             reused.add(stage.name)
             continue
         timings[stage.name] = run_stage(out, stage)
     timings["total"] = time.perf_counter() - total
-
-    print_summary(out, timings, reused)
-    return timings
+    return timings, reused
 
 
 def recorded_seconds(out: Path, stage: Stage) -> float:

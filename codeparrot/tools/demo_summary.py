@@ -1,7 +1,8 @@
 """The summary `make demo` prints at the end: what each stage produced, read back from its output files.
 
 Every figure comes from a file a stage wrote (stats.json, tokenizer_stats.json, metrics.jsonl, the
-validation and HumanEval JSONs), so the summary is exactly as true as the outputs themselves; a stage whose
+validation and HumanEval JSONs; tokens/s and MFU are the run's medians after its warm-up window,
+`throughput.json`), so the summary is exactly as true as the outputs themselves; a stage whose
 file is missing shows "n/a" instead of a guess. The summary is also saved as `summary.json`.
 """
 
@@ -75,6 +76,7 @@ def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | fro
     model = _model_info(out / "model-repo")
     run_dir = out / "runs" / "demo-tiny"
     train = _last_training_entry(run_dir / "metrics.jsonl")
+    speed = _load(run_dir / "throughput.json") or {}  # medians after the warm-up window (reporting.py)
     val = _load(out / "validation.json") or {}
     he = _load(out / "humaneval.json") or {}
     canon = _load(out / "humaneval_canonical.json") or {}
@@ -95,8 +97,8 @@ def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | fro
         },
         "tokenizer_bytes_per_token": tok.get("valid_bytes_per_token", tok.get("bytes_per_token")),
         "parameters": model.get("parameters"),
-        "train_tokens_per_s": train.get("tokens_per_s"),
-        "train_mfu": train.get("mfu"),
+        "train_tokens_per_s": speed.get("median_tokens_per_s") or train.get("tokens_per_s"),
+        "train_mfu": speed.get("median_mfu") or train.get("mfu"),
         "val_loss": val.get("loss"),
         "perplexity": val.get("perplexity"),
         "humaneval": he.get("best", he.get("pass_at_k")),
@@ -120,6 +122,8 @@ def stage_time_line(seconds: dict[str, float], reused: Iterable[str]) -> str:
 
 
 def print_summary(out: Path, timings: dict[str, float], reused: set[str] | frozenset = frozenset()) -> dict:
+    from codeparrot.training.reporting import MFU_CONVENTION  # imports torch: only once the demo has run
+
     s = collect_summary(out, timings, reused)
     atomic_write_json(out / "summary.json", s)
     f = s["files"]
@@ -136,7 +140,8 @@ def print_summary(out: Path, timings: dict[str, float], reused: set[str] | froze
     lines += [
         f"tokenizer: {_fmt(s['tokenizer_bytes_per_token'], '.2f')} bytes/token on the valid split",
         f"model: {_fmt(s['parameters'], ',')} parameters",
-        f"training: {_fmt(s['train_tokens_per_s'], ',.0f')} tokens/s, MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}%",
+        f"training: {_fmt(s['train_tokens_per_s'], ',.0f')} tokens/s, MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}% "
+        f"({MFU_CONVENTION}; median after the warm-up window)",
         f"validation: loss {_fmt(s['val_loss'], '.3f')}, perplexity {_fmt(s['perplexity'], '.1f')}",
         f"HumanEval (demo model, a few tasks): {_fmt_pass_at_k(s['humaneval'])}",
         f"HumanEval canonical solutions (scorer check): {_fmt_pass_at_k(s['humaneval_canonical'])}",

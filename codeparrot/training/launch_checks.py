@@ -7,12 +7,20 @@ that asked for sharding (FSDP, DeepSpeed) whose processes run plain data paralle
 train something other than what was asked. Both stop here with one line saying what was asked and what was got.
 (On CPU processes, `ACCELERATE_USE_CPU=1`, Accelerate runs MULTI_CPU and codeparrot/training/sharding.py turns an
 FSDP request into Accelerate's FSDP2 path before `check_sharding` runs; DeepSpeed on CPU is refused here.)
+
+A run asked for bf16/fp16 on a machine with an NVIDIA GPU that torch cannot use (a CPU build of torch, or a CUDA
+build the driver or CUDA_VISIBLE_DEVICES keeps from the GPU) would otherwise train on the CPU, slowly and with an
+MFU against the CPU's peak, without a word: `check_gpu_visible` stops it with one line (ACCELERATE_USE_CPU=1 is
+the way to mean the CPU).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
+
+import torch
 
 from accelerate.utils import DistributedType
 
@@ -59,3 +67,50 @@ def check_sharding(distributed_type: DistributedType, env: Mapping[str, str] | N
     if asked and distributed_type.name not in asked:
         raise CodeParrotError(f"the launcher asked for {_asked(env)} but the Accelerator runs "
                               f"{distributed_type.name} (not sharded): refusing to train something other than asked")
+
+
+def torch_build() -> str:
+    """The installed torch build in words: `torch 2.13.0+cpu (CPU build)`, `torch 2.9.1+cu126 (CUDA 12.6)`."""
+    if torch.version.cuda:
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda})"
+    if getattr(torch.version, "hip", None):
+        return f"torch {torch.__version__} (ROCm {torch.version.hip})"
+    return f"torch {torch.__version__} (CPU build)"
+
+
+def nvidia_smi(env: Mapping[str, str] | None = None) -> str | None:
+    """Path of `nvidia-smi` on PATH (the sign of an NVIDIA driver on this machine), or None."""
+    env = os.environ if env is None else env
+    return shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+
+
+def torch_build_report(env: Mapping[str, str] | None = None) -> str:
+    """One line after `make install`: the torch build and whether it sees a GPU."""
+    line = torch_build()
+    if torch.cuda.is_available():
+        return f"{line}; CUDA visible: {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
+    line += "; CUDA not visible"
+    if nvidia_smi(env):
+        line += (" although nvidia-smi is on PATH: a CPU build of torch (make install CUDA=cu126)" if not
+                 torch.version.cuda else " although nvidia-smi is on PATH: check the driver and CUDA_VISIBLE_DEVICES")
+    return line
+
+
+def check_gpu_visible(mixed_precision: str | None, env: Mapping[str, str] | None = None) -> None:
+    """One-line `CodeParrotError` when bf16/fp16 is asked for (`mixed_precision`, or the launcher's
+    ACCELERATE_MIXED_PRECISION when it is None), this machine has an NVIDIA GPU (nvidia-smi on PATH) and torch
+    sees none: the run would train on the CPU. ACCELERATE_USE_CPU=1, or CUDA_VISIBLE_DEVICES set to nothing,
+    says the CPU is meant."""
+    env = os.environ if env is None else env
+    precision = mixed_precision or env.get("ACCELERATE_MIXED_PRECISION", "no")
+    if precision not in ("bf16", "fp16") or torch.cuda.is_available() or _flag(env, "ACCELERATE_USE_CPU"):
+        return
+    if env.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return  # the GPUs are hidden on purpose
+    if nvidia_smi(env) is None:
+        return  # no NVIDIA GPU here: bf16 on a CPU is a choice (the CPU demo and benchmarks run it)
+    why = ("a CPU build: install a CUDA build (make install CUDA=cu126)" if not torch.version.cuda else
+           "a CUDA build that sees no GPU: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
+    raise CodeParrotError(f"{precision} asked for on a machine with an NVIDIA GPU (nvidia-smi found) but "
+                          f"{torch_build()} is {why}; the run would train on the CPU. "
+                          "To train on the CPU anyway set ACCELERATE_USE_CPU=1")

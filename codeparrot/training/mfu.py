@@ -8,7 +8,9 @@ embedding counts once, as the tied LM head; biases and LayerNorm gains are inclu
 per token; 12·L·H·Q·T is attention's QKᵀ and AV over a context of T (L layers, H heads of width Q), counted as
 if no causal mask skipped half of it. MFU = tokens/s × FLOPs/token / peak FLOP/s (summed over processes).
 
-Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run); on a CPU, the
+Peaks: dense bf16 tensor-core figures from the vendors' data sheets (the MFU of a bf16 run), one row per device
+matched on the whole name `torch.cuda.get_device_name` reports (`GPU_PEAKS`; unlisted devices: no peak, MFU n/a,
+unless CODEPARROT_PEAK_TFLOPS gives it); on a CPU, the
 matmul rate measured on this machine with torch (large square matrices, best of several rounds, at the thread count
 the training process runs with), cached per CPU model, thread count and torch version in
 ~/.cache/codeparrot/cpu_peak.json, but not when the machine looked busy while measuring (too low a peak makes
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,18 +34,55 @@ from torch import nn
 
 from codeparrot.atomic_io import atomic_write_json
 
-# Dense (no sparsity) data-sheet peak FLOP/s by GPU name fragment: (bf16/fp16 tensor core, TF32 tensor core,
-# plain fp32). fp32 runs use the TF32 figure when `torch.backends.cuda.matmul.allow_tf32` is on (training turns
-# it on), since the matmuls then run on the tensor cores. First match wins, so specific names come first.
-GPU_PEAKS: list[tuple[str, float, float, float]] = [
-    ("H100 PCIe", 756e12, 378e12, 51e12),
-    ("H100 NVL", 835e12, 418e12, 60e12),
-    ("H100", 989e12, 494.5e12, 67e12),  # SXM reports "H100 80GB HBM3"
-    ("H200", 989e12, 494.5e12, 67e12),
-    ("A100", 312e12, 156e12, 19.5e12),
-    ("L4", 121e12, 60e12, 30.3e12),
-    ("V100", 125e12, 15.7e12, 15.7e12),  # fp16 tensor cores (no bf16, no TF32)
+@dataclass(frozen=True)
+class GpuPeak:
+    """One data-sheet row: dense (no 2:4 sparsity) peak FLOP/s of one GPU for bf16/fp16 on the tensor cores, TF32
+    on the tensor cores, and plain fp32; `names`: a regular expression the whole device name must match (after
+    a leading "NVIDIA "/"Tesla "), so that "L4" never matches "L40S" nor "H100" an "H100 NVL"; `source`: where
+    the figures come from."""
+
+    names: str
+    bf16: float
+    tf32: float
+    fp32: float
+    source: str
+
+
+# Dense figures: NVIDIA's data sheets quote "with sparsity" numbers (marked *) that are 2x these. Device names as
+# `torch.cuda.get_device_name` reports them; a MIG slice ("... MIG 1g.10gb") or an unlisted card matches no row
+# and reports MFU "n/a" unless CODEPARROT_PEAK_TFLOPS gives its peak.
+GPU_PEAKS: list[GpuPeak] = [
+    # H100 data sheet (nvidia.com/en-us/data-center/h100): SXM BF16 1,979*, TF32 989*, FP32 67; PCIe (shipped as
+    # "H100 PCIe") 1,513*, 756*, 51; NVL 1,671*, 835*, 60 (per GPU). glennklockwood.com/garden/processors/h100
+    # lists the SXM dense matrix rates: 989.4 BF16, 494.7 TF32. SXM cards report "H100 80GB HBM3".
+    GpuPeak(r"H100 PCIe", 756e12, 378e12, 51e12, "H100 PCIe data sheet"),
+    GpuPeak(r"H100 NVL", 835e12, 418e12, 60e12, "H100 NVL data sheet"),
+    GpuPeak(r"H100( SXM5?)?( \d+GB)?( HBM3)?", 989e12, 494.5e12, 67e12, "H100 SXM data sheet"),
+    # H200 data sheet (nvidia.com/en-us/data-center/h200): SXM BF16 1,979*, TF32 989*, FP32 67 (the H100 SXM's
+    # GPU with HBM3e); NVL (PCIe card, 600 W) 1,671*, 835*, 60.
+    GpuPeak(r"H200 NVL", 835e12, 418e12, 60e12, "H200 NVL data sheet"),
+    GpuPeak(r"H200( SXM5?)?( \d+GB)?( HBM3e)?", 989e12, 494.5e12, 67e12, "H200 SXM data sheet"),
+    # A100 data sheet: BF16 312 (624*), TF32 156 (312*), FP32 19.5, the same for SXM4 and PCIe, 40 and 80 GB
+    # ("A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "A100 80GB PCIe").
+    GpuPeak(r"A100([- ](SXM4?|PCIE|\d+GB))*", 312e12, 156e12, 19.5e12, "A100 data sheet"),
+    # L40S data sheet: BF16 362.05 (733*), TF32 183 (366*), FP32 91.6. L40 data sheet: BF16 181.05 (362.1*),
+    # TF32 90.5 (181*), FP32 90.5. L4 data sheet: BF16 242*, TF32 120*, FP32 30.3.
+    GpuPeak(r"L40S", 362e12, 183e12, 91.6e12, "L40S data sheet"),
+    GpuPeak(r"L40", 181e12, 90.5e12, 90.5e12, "L40 data sheet"),
+    GpuPeak(r"L4", 121e12, 60e12, 30.3e12, "L4 data sheet"),
+    # A10 data sheet: BF16 125 (250*), TF32 62.5 (125*), FP32 31.2. (AWS's A10G has no NVIDIA data sheet: n/a.)
+    GpuPeak(r"A10", 125e12, 62.5e12, 31.2e12, "A10 data sheet"),
+    # V100 data sheet: fp16 tensor cores only (no bf16, no TF32): SXM2 125, PCIe 112 TFLOPS; FP32 15.7 / 14.
+    GpuPeak(r"V100-SXM2-\d+GB", 125e12, 15.7e12, 15.7e12, "V100 SXM2 data sheet (fp16 tensor cores)"),
+    GpuPeak(r"V100-PCIE-\d+GB", 112e12, 14e12, 14e12, "V100 PCIe data sheet (fp16 tensor cores)"),
 ]
+
+
+def gpu_peak_row(device_name: str) -> GpuPeak | None:
+    """The data-sheet row of a device named as `torch.cuda.get_device_name` says, or None (not listed)."""
+    name = re.sub(r"^(NVIDIA|Tesla)\s+", "", device_name.strip(), flags=re.IGNORECASE)
+    return next((row for row in GPU_PEAKS if re.fullmatch(row.names, name, flags=re.IGNORECASE)), None)
+
 
 CACHE = Path(os.environ.get("CODEPARROT_CACHE", Path.home() / ".cache" / "codeparrot")) / "cpu_peak.json"
 
@@ -183,13 +223,14 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
     half = dtype in (torch.bfloat16, torch.float16)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        tf32 = _tf32_enabled()
-        for fragment, tensor_core, tf32_peak, fp32 in GPU_PEAKS:
-            if fragment.lower() in name.lower():
-                if half:
-                    return tensor_core, f"{name} bf16 data sheet"
-                return (tf32_peak, f"{name} TF32 data sheet") if tf32 else (fp32, f"{name} fp32 data sheet")
-        return None, f"{name}: not in the peak table (set CODEPARROT_PEAK_TFLOPS)"
+        row = gpu_peak_row(name)
+        if row is None:
+            return None, f"{name}: not in the peak table, MFU n/a (set CODEPARROT_PEAK_TFLOPS to its dense peak)"
+        if half:
+            return row.bf16, f"{name}: {row.source}, dense bf16"
+        if _tf32_enabled():
+            return row.tf32, f"{name}: {row.source}, dense TF32"
+        return row.fp32, f"{name}: {row.source}, fp32"
     if device.type == "cpu":
         fp32 = measure_cpu_peak("float32")
         note = f"{fp32.threads} thread(s)"

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from codeparrot.atomic_io import atomic_write_text
+from codeparrot.atomic_io import atomic_write_json, atomic_write_text
 from codeparrot.redaction import scrub_secrets
 
 # Key names that hold credentials: `token` alone or as a credential's name (hf_token, hub_token,
@@ -121,10 +122,52 @@ def memory_gib(device: torch.device) -> float:
 
 def console_line(m: dict[str, Any], max_steps: int) -> str:
     """The fixed-format training line, e.g.
-    `step    100/1000 | loss 3.4512 | lr 4.99e-04 | grad-norm 0.812 | 245.3 ms/step | 8,351 tok/s | MFU 31.2% | mem 1.23 GiB`"""
+    `step    100/1000 | loss 3.4512 | lr 4.99e-04 | grad-norm 0.812 | 245.3 ms/step | 8,351 tok/s | MFU 31.2% | mem 1.23 GiB`
+    with ` | warm-up` at the end of the first window of a run (see `ThroughputWindows`)."""
     width = len(str(max_steps))
     mfu = "   n/a" if m.get("mfu") is None else f"{100 * m['mfu']:5.1f}%"
     grad = "n/a" if m.get("grad_norm") is None else f"{m['grad_norm']:.3f}"
     return (f"step {m['step']:>{width}}/{max_steps} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | grad-norm {grad} | "
             f"{m['ms_per_step']:7.1f} ms/step | {m['tokens_per_s']:>9,.0f} tok/s | MFU {mfu} | "
-            f"mem {m['memory_gib']:.2f} GiB")
+            f"mem {m['memory_gib']:.2f} GiB{' | warm-up' if m.get('warmup') else ''}")
+
+
+MFU_CONVENTION = "PaLM appendix B: 6N + 12LHQT FLOPs/token"
+
+
+class ThroughputWindows:
+    """The run's throughput, window by window (one window = the steps between two log lines, evaluation and
+    checkpoint time excluded). The first window of every process start (a fresh run or a resume) holds the
+    compile, the DataLoader workers' start-up and the allocator's warm-up: it is marked `"warmup": true` in
+    metrics.jsonl and on the console, and left out of the summary, which is the median over the other windows."""
+
+    def __init__(self) -> None:
+        self.windows: list[dict[str, Any]] = []
+
+    def add(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Mark `entry` (a training log entry with tokens_per_s, mfu, memory_gib) as warm-up or not; returns it."""
+        entry["warmup"] = not self.windows
+        self.windows.append(entry)
+        return entry
+
+    def summary(self, peak: float | None, peak_source: str) -> dict[str, Any]:
+        """Median tokens/s and MFU over the windows after the warm-up (None when there are none), peak memory."""
+        timed = [w for w in self.windows if not w["warmup"]]
+        mfus = [w["mfu"] for w in timed if w.get("mfu") is not None]
+        return {"windows": len(timed), "warmup_windows_excluded": len(self.windows) - len(timed),
+                "median_tokens_per_s": statistics.median(w["tokens_per_s"] for w in timed) if timed else None,
+                "median_mfu": statistics.median(mfus) if mfus else None, "mfu_convention": MFU_CONVENTION,
+                "peak_tflops_per_device": None if peak is None else peak / 1e12, "peak_source": peak_source,
+                "peak_memory_gib": max((w["memory_gib"] for w in self.windows), default=None)}
+
+    def write(self, run_dir: Path, peak: float | None, peak_source: str) -> str:
+        """Write `<run>/throughput.json` (atomically) and return the one-line summary for the console."""
+        s = self.summary(peak, peak_source)
+        atomic_write_json(Path(run_dir) / "throughput.json", s)
+        if s["median_tokens_per_s"] is None:
+            return (f"throughput: n/a, only the warm-up window was logged ({s['warmup_windows_excluded']} window(s)); "
+                    "run more steps than logging.log_steps for a figure")
+        mfu = "n/a (no peak for this device)" if s["median_mfu"] is None else f"{100 * s['median_mfu']:.1f}%"
+        return (f"throughput (median of {s['windows']} log window(s) after the warm-up one): "
+                f"{s['median_tokens_per_s']:,.0f} tokens/s, MFU {mfu} ({MFU_CONVENTION}; peak {peak_source}), "
+                f"peak memory {s['peak_memory_gib']:.2f} GiB")

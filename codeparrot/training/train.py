@@ -45,13 +45,15 @@ from codeparrot.training.checkpointing import (
 )
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
-from codeparrot.training.launch_checks import check_one_job, check_sharding
+from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.optim import build_optimizer, build_scheduler
 from codeparrot.training.rank_logs import open_rank_log
 from codeparrot.training.reporting import (
+    MFU_CONVENTION,
     MetricsFile,
+    ThroughputWindows,
     configure_wandb_env,
     console_line,
     memory_gib,
@@ -81,6 +83,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     # ---- 1. inputs, checked before any compute ----
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() would read it
     check_one_job(state.num_processes, state.distributed_type)  # never N independent trainings in one folder
+    check_gpu_visible(cfg.mixed_precision)  # bf16/fp16 asked for, a GPU here that torch cannot use: not on the CPU
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
     accum = cfg.accumulation_steps(world)  # one-line error when the budget does not divide
     run_dir = cfg.run_dir()
@@ -136,6 +139,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     step, tokens_seen = 0, 0
     tokens_per_step = cfg.tokens_per_step(world)
     metrics = MetricsFile(run_dir, enabled=main)
+    throughput = ThroughputWindows()  # the first log window is warm-up (compile, loader start): not in the summary
     if checkpoint is not None:  # the next batch is the first one the checkpointed run had not consumed
         train_loader.load_state_dict(read_data_position(checkpoint, rank))
     train_iter = iter(train_loader)  # before restoring the RNG: starting loader workers draws a seed from it
@@ -157,7 +161,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     loss_kind = (f"fused LM head + cross-entropy ({'compiled' if head.compiled else 'eager'} softmax)"
                  if head is not None else "the model's own (Hugging Face)")
     accelerator.print(f"{cfg.budget_summary(world)}\nloss: {loss_kind}\n{fast.describe(cfg)}\n"
-                      f"MFU: {flops_per_token / 1e6:.1f} MFLOP/token (6N + 12LHQT), "
+                      f"MFU: {flops_per_token / 1e6:.1f} MFLOP/token ({MFU_CONVENTION}), "
                       f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} per device ({peak_source})")
 
     # ---- 3. the loop ----
@@ -199,10 +203,10 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             loss_mean = accelerator.reduce(loss_sum / micro_steps, reduction="mean").item()  # one sync per log
             elapsed = time.perf_counter() - clock
             tokens_per_s = clock_steps * tokens_per_step / elapsed
-            entry = {"step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr,
-                     "grad_norm": float(grad_norm), "ms_per_step": 1000 * elapsed / clock_steps,
-                     "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops_per_token, peak, world),
-                     "memory_gib": memory_gib(device)}
+            entry = throughput.add({
+                "step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr, "grad_norm": float(grad_norm),
+                "ms_per_step": 1000 * elapsed / clock_steps, "tokens_per_s": tokens_per_s,
+                "mfu": mfu(tokens_per_s, flops_per_token, peak, world), "memory_gib": memory_gib(device)})
             log(accelerator, metrics, entry)
             if main:
                 bar.write(console_line(entry, cfg.max_steps))
@@ -251,6 +255,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     accelerator.wait_for_everyone()
     accelerator.end_training()
     result.step, result.tokens_seen = step, tokens_seen
+    if main and throughput.windows:
+        print(throughput.write(run_dir, peak, peak_source))  # median tokens/s and MFU after the warm-up window
     if main and (run_dir / "final").is_dir():
         pushed = f"; pushed to {cfg.model} branch {cfg.run_name}, commit {pusher.commits[-1][:12]}" if (
             pusher is not None and pusher.commits) else ""
@@ -392,7 +398,8 @@ def run_eval(cfg: TrainConfig, model, head, valid_ds, accelerator, device) -> Ev
 def log(accelerator, metrics: MetricsFile, entry: dict) -> None:
     """One logged dict: metrics.jsonl (main process) and every started tracker."""
     metrics.append(entry)
-    accelerator.log({k: v for k, v in entry.items() if k != "step" and v is not None}, step=entry["step"])
+    tracked = {k: v for k, v in entry.items() if k not in ("step", "warmup") and v is not None}
+    accelerator.log(tracked, step=entry["step"])
 
 
 def make_pusher(cfg: TrainConfig):

@@ -3,11 +3,13 @@ folder), and every process writes its warnings and errors to `<run>/logs/rank-N.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 
 import pytest
+import torch
 from accelerate.utils import DistributedType
 
 from codeparrot.errors import CodeParrotError
@@ -106,3 +108,59 @@ def test_non_main_rank_error_line_goes_to_its_rank_log(tmp_path, scripts_env):
     assert done.returncode == 2 and "error:" not in done.stderr, done.stderr
     text = (tmp_path / "run" / "logs" / "rank-1.log").read_text()
     assert "rank 1 ERROR codeparrot: error: shard 7 of rank 1 is unreadable" in text
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path):
+    """A PATH on which `nvidia-smi` exists, as on a machine with an NVIDIA driver."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho 'NVIDIA-SMI 570.00'\n")
+    tool.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def test_mixed_precision_on_a_gpu_machine_whose_gpu_torch_cannot_see_is_refused(monkeypatch, fake_nvidia_smi):
+    from codeparrot.training.launch_checks import check_gpu_visible
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for asked, env in (("bf16", {}), ("fp16", {}), (None, {"ACCELERATE_MIXED_PRECISION": "bf16"})):
+        with pytest.raises(CodeParrotError, match=r"asked for on a machine with an NVIDIA GPU .* would train on the "
+                                                  r"CPU\. To train on the CPU anyway set ACCELERATE_USE_CPU=1"):
+            check_gpu_visible(asked, {"PATH": fake_nvidia_smi, **env})
+    check_gpu_visible("bf16", {"PATH": fake_nvidia_smi, "ACCELERATE_USE_CPU": "1"})  # the CPU, on purpose
+    check_gpu_visible("bf16", {"PATH": fake_nvidia_smi, "CUDA_VISIBLE_DEVICES": ""})  # GPUs hidden on purpose
+    check_gpu_visible("no", {"PATH": fake_nvidia_smi})  # fp32 asked for: nothing to lose on the way to the GPU
+    check_gpu_visible("bf16", {"PATH": "/nonexistent"})  # no NVIDIA driver: bf16 on a CPU machine is a choice
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_gpu_visible("bf16", {"PATH": fake_nvidia_smi})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_train_script_refuses_bf16_on_the_cpu_of_a_gpu_machine(repo_root, scripts_env, tmp_path, fake_nvidia_smi):
+    """The real entry point, with nvidia-smi on PATH and this CPU torch: one line, nothing written."""
+    env = {**scripts_env, "PATH": fake_nvidia_smi}
+    env.pop("ACCELERATE_USE_CPU", None)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "scripts/train.py", "--config", "configs/train/tiny.yaml", "--mixed_precision", "bf16",
+           "--output_dir", str(run_dir)]
+    done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert lines[-1].startswith("error: bf16 asked for on a machine with an NVIDIA GPU"), lines[-5:]
+    assert "Traceback" not in done.stderr and not run_dir.exists()
+
+
+def test_torch_build_report_names_the_build_and_the_gpu(monkeypatch, fake_nvidia_smi):
+    from codeparrot.training.launch_checks import torch_build_report
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert torch_build_report({"PATH": "/nonexistent"}) == f"torch {torch.__version__} (CPU build); CUDA not visible"
+    assert "make install CUDA=cu126" in torch_build_report({"PATH": fake_nvidia_smi})
+    monkeypatch.setattr(torch.version, "cuda", "12.6")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert torch_build_report() == (f"torch {torch.__version__} (CUDA 12.6); CUDA visible: 1 × NVIDIA H100 80GB HBM3")

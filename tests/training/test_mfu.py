@@ -53,25 +53,39 @@ def test_formula_matches_flops_counted_by_torch():
     assert flops_per_token(100, 2, 4, 16, 128) == 600 + 12 * 2 * 4 * 16 * 128
 
 
-@pytest.mark.parametrize("name, dtype, expected", [
-    ("NVIDIA A100-SXM4-40GB", torch.bfloat16, 312e12),
-    ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989e12),
-    ("NVIDIA H100 PCIe", torch.bfloat16, 756e12),
-    ("NVIDIA H200", torch.bfloat16, 989e12),
-    ("NVIDIA H100 NVL", torch.bfloat16, 835e12),  # not the SXM figure although the name contains "H100"
-    ("NVIDIA A100-SXM4-80GB", torch.float32, 19.5e12),
-    ("Some Future GPU", torch.bfloat16, None),
-])
-def test_gpu_peak_table(monkeypatch, name, dtype, expected):
+# Device names exactly as `torch.cuda.get_device_name` reports them, with the dense bf16 data-sheet peak (TFLOP/s)
+# each must get. "L4" must not match inside "L40S"/"L40" (MFU 1.5-3x too high), "H100"/"H200" not inside their
+# NVL/PCIe variants, "A10" not inside "A10G"; unlisted devices and MIG slices get no peak (MFU n/a).
+REAL_DEVICE_NAMES = [
+    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H200", 989),
+    ("NVIDIA H200 NVL", 835), ("NVIDIA L40S", 362), ("NVIDIA L40", 181), ("NVIDIA L4", 121),
+    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A100-SXM4-40GB", 312), ("NVIDIA A100-PCIE-40GB", 312),
+    ("NVIDIA A100 80GB PCIe", 312), ("NVIDIA A10", 125), ("Tesla V100-SXM2-16GB", 125),
+    ("NVIDIA A10G", None), ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None), ("NVIDIA GeForce RTX 4090", None),
+    ("NVIDIA L40S-48Q", None), ("Some Future GPU", None),
+]
+
+
+@pytest.mark.parametrize("name, tflops", REAL_DEVICE_NAMES)
+def test_gpu_peak_table_matches_whole_device_names(monkeypatch, name, tflops):
     monkeypatch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
     monkeypatch.setattr("codeparrot.training.mfu._tf32_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    peak, source = peak_flops(torch.device("cuda", 0), dtype)
-    assert peak == expected
-    if expected is None:
-        assert "CODEPARROT_PEAK_TFLOPS" in source  # tells the user how to supply the figure
+    peak, source = peak_flops(torch.device("cuda", 0), torch.bfloat16)
+    assert peak == (None if tflops is None else tflops * 1e12), source
+    if tflops is None:
+        assert "n/a" in source and "CODEPARROT_PEAK_TFLOPS" in source  # tells the user how to supply the figure
+    else:
+        assert name in source and "data sheet" in source
     monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "100")
-    assert peak_flops(torch.device("cuda", 0), dtype)[0] == 100e12
+    assert peak_flops(torch.device("cuda", 0), torch.bfloat16) == (100e12, "CODEPARROT_PEAK_TFLOPS")
+
+
+def test_gpu_peak_table_fp32_without_tf32(monkeypatch):
+    monkeypatch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr("codeparrot.training.mfu._tf32_enabled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    assert peak_flops(torch.device("cuda", 0), torch.float32)[0] == 19.5e12
 
 
 def test_fp32_with_tf32_uses_the_tensor_core_peak(monkeypatch):
@@ -79,7 +93,8 @@ def test_fp32_with_tf32_uses_the_tensor_core_peak(monkeypatch):
     monkeypatch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr("codeparrot.training.mfu._tf32_enabled", lambda: True)
-    assert peak_flops(torch.device("cuda", 0), torch.float32) == (494.5e12, "NVIDIA H100 80GB HBM3 TF32 data sheet")
+    assert peak_flops(torch.device("cuda", 0), torch.float32) == (
+        494.5e12, "NVIDIA H100 80GB HBM3: H100 SXM data sheet, dense TF32")
     monkeypatch.setattr("codeparrot.training.mfu._tf32_enabled", lambda: False)
     assert peak_flops(torch.device("cuda", 0), torch.float32)[0] == 67e12
 

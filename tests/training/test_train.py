@@ -171,6 +171,34 @@ def test_metrics_log(full_run):
     assert result.step == 12 and result.tokens_seen == 12 * 4 * 64
 
 
+def test_the_warm_up_window_is_marked_and_left_out_of_the_run_summary(full_run):
+    """The first log window holds the loader start-up (and, compiled, the compile): flagged in metrics.jsonl and
+    excluded from the run's summary, which is the median over the other windows, MFU convention named."""
+    import statistics
+
+    from codeparrot.training.reporting import console_line
+
+    _, result = full_run
+    train = [e for e in _metrics(result.run_dir) if "loss" in e]
+    assert [e["warmup"] for e in train] == [True, False, False, False]
+    summary = json.loads((result.run_dir / "throughput.json").read_text())
+    assert summary["windows"] == 3 and summary["warmup_windows_excluded"] == 1
+    assert summary["median_tokens_per_s"] == statistics.median(e["tokens_per_s"] for e in train[1:])
+    assert summary["median_mfu"] == statistics.median(e["mfu"] for e in train[1:])
+    assert "6N + 12LHQT" in summary["mfu_convention"] and "PaLM" in summary["mfu_convention"]
+    assert console_line(train[0], 12).endswith("| warm-up") and not console_line(train[1], 12).endswith("warm-up")
+
+
+def test_a_run_with_only_the_warm_up_window_says_so(tmp_path):
+    from codeparrot.training.reporting import ThroughputWindows
+
+    windows = ThroughputWindows()
+    windows.add({"tokens_per_s": 1000.0, "mfu": 0.5, "memory_gib": 1.0})
+    line = windows.write(tmp_path, None, "unknown")
+    assert line.startswith("throughput: n/a, only the warm-up window was logged")
+    assert json.loads((tmp_path / "throughput.json").read_text())["median_tokens_per_s"] is None
+
+
 def test_eval_is_token_weighted_over_the_whole_split(full_run, toy):
     """The final validation loss equals a plain recomputation over every validation sequence."""
     from transformers import GPT2LMHeadModel

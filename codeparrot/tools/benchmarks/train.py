@@ -80,7 +80,7 @@ def _config(setup: dict, run_dir: Path, steps: int, log_steps: int, **extra) -> 
 def run_variant(setup: dict, root: Path, name: str, steps: int, log_steps: int, in_process: bool = False,
                 **extra) -> list[dict]:
     """One scripts/train.py process (or `train()` in this process, for the quick smoke run); the logged training
-    entries after the first interval."""
+    entries after the warm-up window (marked by the training loop)."""
     run_dir = root / "runs" / name
     cfg = _config(setup, run_dir, steps, log_steps, **extra)
     if in_process:
@@ -96,7 +96,7 @@ def run_variant(setup: dict, root: Path, name: str, steps: int, log_steps: int, 
             AcceleratorState._reset_state(True)
             GradientState._reset_state()
         entries = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [e for e in entries if "loss" in e][1:]
+        return [e for e in entries if "loss" in e and not e.get("warmup")]
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
@@ -106,7 +106,7 @@ def run_variant(setup: dict, root: Path, name: str, steps: int, log_steps: int, 
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: scripts/train.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     entries = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [e for e in entries if "loss" in e][1:]
+    return [e for e in entries if "loss" in e and not e.get("warmup")]
 
 
 def loader_tokens_per_s(dataset, n_batches: int) -> float:
