@@ -9,7 +9,9 @@ not (the Makefile then uninstalls it, so that pip does not keep a CPU 2.13.0 for
 alone would satisfy pip). With `--floor`, the check is instead that the installed torch is at least that version
 (exit 2 and one line on stderr when not).
 
-Run by path before the project is installed: standard library and the `packaging` that pip vendors only.
+Run by path before the project is installed: standard library and `packaging` (pip's vendored copy when the
+virtualenv has no other yet; importing pip in a process that later compiles with inductor breaks setuptools'
+distutils shim, so the real package is preferred).
 """
 
 from __future__ import annotations
@@ -23,9 +25,22 @@ def build_tag(cuda_version: str | None) -> str:
     return "cpu" if not cuda_version else "cu" + cuda_version.replace(".", "")
 
 
+def _packaging():
+    try:
+        import packaging.requirements
+        import packaging.version
+
+        return packaging
+    except ImportError:  # a fresh virtualenv holding only torch: pip's copy
+        from pip._vendor import packaging
+        from pip._vendor.packaging import requirements, version  # noqa: F401 - loads the submodules
+
+        return packaging
+
+
 def satisfies(request: str, build: str, version: str, cuda_version: str | None) -> bool:
     """Whether a torch `version` built for `cuda_version` meets `request` (a pip requirement) and `build`."""
-    from pip._vendor.packaging.requirements import Requirement
+    Requirement = _packaging().requirements.Requirement
 
     if build != "any" and build_tag(cuda_version) != build:
         return False
@@ -33,7 +48,7 @@ def satisfies(request: str, build: str, version: str, cuda_version: str | None) 
 
 
 def below_floor(version: str, floor: str) -> bool:
-    from pip._vendor.packaging.version import Version
+    Version = _packaging().version.Version
 
     return Version(Version(version).base_version) < Version(floor)
 
