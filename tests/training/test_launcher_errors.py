@@ -52,7 +52,14 @@ def test_launch_script_leaves_the_error_as_the_only_line(repo_root, scripts_env,
 
 def test_launch_script_ends_a_crash_with_one_line_naming_rank_and_status(repo_root, scripts_env, tmp_path):
     crash = tmp_path / "crash.py"
-    crash.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'crashing', file=sys.stderr)\n"
+    # One write per line (print's separate writes interleave between the ranks), and both ranks' lines out before
+    # either exits: once one rank fails, the launcher stops the other, maybe before it printed.
+    crash.write_text("import os, sys, time\nfrom pathlib import Path\n"
+                     "os.write(2, f\"rank {os.environ['RANK']} crashing\\n\".encode())\n"
+                     f"Path({str(tmp_path)!r}, 'printed-' + os.environ['RANK']).touch()\n"
+                     f"deadline = time.time() + 30\n"
+                     f"while len(list(Path({str(tmp_path)!r}).glob('printed-*'))) < 2 and time.time() < deadline:\n"
+                     "    time.sleep(0.05)\n"
                      "raise SystemExit(3)\n", encoding="utf-8")
     done = _run(repo_root, scripts_env, LAUNCH, _two_processes(), [str(crash)])
     assert done.returncode == 3
