@@ -136,9 +136,9 @@ class TrainConfig:
     gradient_checkpointing: bool = doc(False, "Recompute activations in the backward pass (less memory, ~30% slower).")
     compile: Optional[bool] = doc(None, "torch.compile (inductor); null = on for CUDA, off on CPU (where the "
                                         "first steps' compile costs more than it saves in short runs).")
-    compile_regions: bool = doc(True, "Compile each transformer block (Accelerate's regional compilation: one "
-                                      "compile reused by every block, mask creation stays eager); false = the "
-                                      "whole model as one graph.")
+    compile_regions: bool = doc(True, "Compile each transformer block in place (one compile reused by every "
+                                      "block; mask creation and the loss stay eager); false = the whole model "
+                                      "as one graph (Accelerate's dynamo plugin).")
     compile_loss: Optional[bool] = doc(None, "Compile the fused loss's per-chunk softmax into fused kernels "
                                              "(one read of each logits chunk instead of several fp32 passes); "
                                              "null = on for CUDA, off on CPU.")

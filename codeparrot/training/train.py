@@ -49,6 +49,7 @@ from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, 
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.optim import build_optimizer, build_scheduler
+from codeparrot.training.regional_compile import compile_blocks
 from codeparrot.training.rank_logs import open_rank_log
 from codeparrot.training.reporting import (
     MFU_CONVENTION,
@@ -129,6 +130,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     model = load_model(cfg, model_dir)
+    if fast.compile_model and fast.compile_regions:
+        compile_blocks(model)  # in place, before DDP/FSDP wrap it (they then wrap a plain GPT2LMHeadModel)
     optimizer = build_optimizer(model, cfg.optim, device)
     scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.schedule)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -343,10 +346,11 @@ class FastPath:
         return cls(cuda, compile_model, cfg.compile_regions, cuda if cfg.compile_loss is None else cfg.compile_loss)
 
     def dynamo_plugin(self) -> TorchDynamoPlugin | None:
-        """Accelerate's compile settings; None leaves the decision to the launcher (`--dynamo_backend`)."""
-        if not self.compile_model:
+        """Accelerate's compile settings for whole-model compilation; None leaves the decision to the launcher
+        (`--dynamo_backend`). Per-block compilation happens in place in `load_model` (regional_compile.py)."""
+        if not self.compile_model or self.compile_regions:
             return None
-        return TorchDynamoPlugin(backend="inductor", use_regional_compilation=self.compile_regions)
+        return TorchDynamoPlugin(backend="inductor")
 
     def describe(self, cfg: TrainConfig) -> str:
         compiled = ("per transformer block" if self.compile_regions else "whole model") if self.compile_model else "off"

@@ -8,12 +8,12 @@ import warnings
 import pytest
 import torch
 import transformers.masking_utils as masking_utils
-from accelerate.utils import compile_regions
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.activations import ACT2FN
 
 from codeparrot.repository.model import load_pretrained_model
 from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
+from codeparrot.training.regional_compile import compile_blocks
 from codeparrot.training.loss import FinalNormOutput, FusedHead, causal_lm_loss, chunk_softmax
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -89,9 +89,11 @@ def sdpa_calls(model: torch.nn.Module, x: torch.Tensor, regional: bool) -> list[
         graphs.append(gm)
         return gm.forward
 
-    compiled = compile_regions(model, backend=recording_backend) if regional else \
-        torch.compile(model, backend=recording_backend)
-    compiled(input_ids=x, use_cache=False)
+    if regional:
+        assert compile_blocks(model, backend=recording_backend) == 2
+    else:
+        model = torch.compile(model, backend=recording_backend)
+    model(input_ids=x, use_cache=False)
     calls = []
     for gm in graphs:
         for node in gm.graph.nodes:
@@ -120,9 +122,9 @@ def test_the_fused_loss_path_compiles_per_block_without_graph_breaks():
     counters.clear()
     model = tiny_gpt2(CAUSAL_SDPA)
     head = FusedHead(model.lm_head.weight, final_norm=FinalNormOutput(model))
-    compiled = compile_regions(model, backend="eager")
+    compile_blocks(model, backend="eager")
     x = batch()
-    loss_sum, count = causal_lm_loss(compiled, head, x)
+    loss_sum, count = causal_lm_loss(model, head, x)
     (loss_sum / count).backward()
     breaks = dict(counters["graph_break"])
     torch._dynamo.reset()
@@ -142,13 +144,13 @@ def test_causal_attention_refuses_a_mask_and_a_cache():
 
 
 def test_regional_compile_trains_like_eager_for_ten_steps():
-    """Inductor per transformer block (Accelerate's regional compilation), dropout 0: the same 10 losses."""
+    """Inductor per transformer block (in place), dropout 0: the same 10 losses."""
     torch._dynamo.reset()
     losses = {}
     for mode in ("eager", "compiled"):
         model = tiny_gpt2(CAUSAL_SDPA, seed=5)
         if mode == "compiled":
-            model = compile_regions(model, backend="inductor")
+            compile_blocks(model)  # inductor, in place
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses[mode] = []
         x = batch(rows=2, length=32)  # one batch, learnt step by step
@@ -214,3 +216,26 @@ def test_compiled_fused_loss_matches_the_hugging_face_loss(dtype):
     for g, g_hf, g_eager in zip(grads, hf_grads, results["eager"][1]):
         torch.testing.assert_close(g, g_eager, **tol)
         torch.testing.assert_close(g, g_hf, rtol=tol["rtol"], atol=max(tol["atol"], 1e-5) * 5)
+
+
+def test_blocks_compiled_in_place_keep_the_model_plain_under_ddp(tmp_path):
+    """DDP wraps the model itself: unwrapping gives the GPT2LMHeadModel, its state-dict keys are unchanged (no
+    `_orig_mod.`), and a DDP step through the compiled blocks matches the eager model's gradients."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    reference = tiny_gpt2(CAUSAL_SDPA, seed=4)
+    model = with_weights_of(reference, CAUSAL_SDPA)
+    assert compile_blocks(model, backend="eager") == 2
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(model)
+        x = batch()
+        ddp(input_ids=x, labels=x, use_cache=False).loss.backward()
+    finally:
+        dist.destroy_process_group()
+    torch._dynamo.reset()
+    assert type(ddp.module) is GPT2LMHeadModel and list(ddp.module.state_dict()) == list(reference.state_dict())
+    reference(input_ids=x, labels=x, use_cache=False).loss.backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
