@@ -75,6 +75,9 @@ def launch(argv: list[str]) -> int:
 
     _quiet_torch_elastic()
     args = launch_command_parser().parse_args(argv)
+    # `-q` makes accelerate's one-process launcher `sys.exit(1)` on any failure, hiding a user error's status 2;
+    # the report is replaced below anyway, so let it raise CalledProcessError and keep the process's own status
+    args.quiet = False
     script = getattr(args, "training_script", "the script")
     # read by run_cli in the processes; it only holds back its print where torch elastic gave an error file
     # (the multi-process launchers), the one-process launcher lets the process print
