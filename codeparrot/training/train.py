@@ -58,6 +58,7 @@ from codeparrot.training.reporting import (
 )
 from codeparrot.training.sharding import enable_fsdp_on_cpu, report_sharding
 from codeparrot.training.validation import EvalResult, evaluate
+from codeparrot.training.watchdog import stops_watchdogs, training_watchdog
 
 
 @dataclass
@@ -70,6 +71,7 @@ class TrainResult:
     push_errors: list[str] = field(default_factory=list)
 
 
+@stops_watchdogs  # a stall watchdog never outlives its run
 def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
           profile_steps: tuple[int, int] | None = None) -> TrainResult | None:
     """Run (or resume) the training described by `cfg`. `resume`: None, "auto" or a step-N folder.
@@ -92,6 +94,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                   f"its final model is in {run_dir / 'final'} (raise --max_steps to train further)")
         done = read_state(checkpoint)
         return TrainResult(run_dir, done.step, done.tokens_seen, last_checkpoint=checkpoint)
+    watchdog = training_watchdog(cfg.stall_minutes, run_dir, rank, accum, cfg.data.train)  # training/watchdog.py
     with state.local_main_process_first():  # materialize a repository revision once per node
         tokenizer, model_dir = load_tokenizer_checked(cfg)
     if main and checkpoint is None and not inspect_batches:
@@ -156,6 +159,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 
     # ---- 3. the loop ----
     result = TrainResult(run_dir, step, tokens_seen)
+    watchdog.beat(step)  # the set-up was progress too; the line names the step it waits for (a resumed one)
     model.train()
     loss_sum = torch.zeros((), device=device)  # sum of micro-batch mean losses since the last log line
     micro_steps, grad_norm = 0, None
@@ -184,6 +188,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
+        watchdog.beat(step)
         bar.update(1)
         if profiler is not None and step == profile_steps[1]:
             profiler.stop()
@@ -219,6 +224,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                 bar.write(f"eval step {step}: val_loss {ev.loss:.4f} | perplexity {ev.perplexity:.2f} | "
                           f"{ev.describe()}")
             clock, clock_steps = time.perf_counter(), 0
+            watchdog.beat(step)
         if is_last or (cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0):
             result.last_checkpoint = save_checkpoint(
                 accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),
@@ -227,6 +233,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                 pusher.push(result.last_checkpoint, f"step {step}", include=None if
                             cfg.checkpoint.push_training_state else model_files(result.last_checkpoint))
             clock, clock_steps = time.perf_counter(), 0
+            watchdog.beat(step)
         if stop:
             break
     bar.close()
@@ -238,6 +245,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         result.last_checkpoint = list_checkpoints(run_dir)[-1][1]  # resumed a finished run: nothing to do
     if result.last_checkpoint is not None and result.last_checkpoint.name == f"step-{step}":
         save_final_model(accelerator, model, tokenizer, run_dir / "final")
+    watchdog.stop()  # waiting for a push (its own timeouts) is not a stall
     if pusher is not None:
         result.push_errors = pusher.wait()
         for error in result.push_errors:
