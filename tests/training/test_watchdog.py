@@ -19,7 +19,7 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.errors import STALL_EXIT
 from codeparrot.tools.toy_run import build_toy_run
-from codeparrot.training.watchdog import StallWatchdog
+from codeparrot.watchdog import StallWatchdog
 
 STALL_MINUTES = 0.1  # 6 s: longer than the set-up (loading, 2 processes joining) on a loaded 2-core machine
 
