@@ -46,6 +46,7 @@ from codeparrot.training.datasets.loader import build_dataloader, build_dataset
 from codeparrot.training.launch_checks import check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
+from codeparrot.training.nonfinite import NonFiniteGuard, check_finite_weights
 from codeparrot.training.optim import build_optimizer, build_scheduler
 from codeparrot.training.rank_logs import open_rank_log
 from codeparrot.training.reporting import (
@@ -148,6 +149,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     config_dict = redact(to_dict(cfg))
     start_trackers(accelerator, cfg.logging.trackers, cfg.logging.project, config_dict, run_dir, cfg.run_name)
     pusher = make_pusher(cfg) if main else None
+    guard = NonFiniteGuard(accelerator, cfg.max_bad_steps, rank, accum, cfg.data.train, train_loader, metrics)
 
     flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
@@ -174,17 +176,20 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     while step < cfg.max_steps:
         if profile_steps and step + 1 == profile_steps[0]:
             profiler = start_profiler(run_dir, device)
+        step_loss = torch.zeros((), device=device)  # this step's micro-batch mean losses, summed
         for _ in range(accum):
             batch = next(train_iter).to(device, non_blocking=True)  # [micro_batch, seq_length]
             with accelerator.accumulate(model):  # no gradient all-reduce except on the last micro-step
                 loss = forward_loss(model, head, batch)  # mean over the B·(T-1) predicted tokens
                 accelerator.backward(loss)  # divides by `accum`: the step's gradient is the token mean
-            loss_sum += loss.detach()
-            micro_steps += 1
+            step_loss += loss.detach()
         assert accelerator.sync_gradients, "the last micro-step of an optimizer step must synchronize gradients"
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]  # the rate this step uses (a Python float: no device sync)
-        optimizer.step()
+        if guard.check(step + 1, grad_norm, step_loss):  # a non-finite step is skipped (training/nonfinite.py)
+            optimizer.step()
+            loss_sum += step_loss
+            micro_steps += accum
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
@@ -201,7 +206,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             entry = {"step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr,
                      "grad_norm": float(grad_norm), "ms_per_step": 1000 * elapsed / clock_steps,
                      "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops_per_token, peak, world),
-                     "memory_gib": memory_gib(device)}
+                     "memory_gib": memory_gib(device), "skipped_steps": guard.skipped}
             log(accelerator, metrics, entry)
             if main:
                 bar.write(console_line(entry, cfg.max_steps))
@@ -226,6 +231,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             clock, clock_steps = time.perf_counter(), 0
             watchdog.beat(step)
         if is_last or (cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0):
+            check_finite_weights(accelerator, model, step)  # never a checkpoint, push or final model with NaN/inf
             result.last_checkpoint = save_checkpoint(
                 accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),
                 train_loader.state_dict(), config_dict, cfg.checkpoint.keep_last)
