@@ -57,7 +57,7 @@ from codeparrot.training.reporting import (
     redact,
     start_trackers,
 )
-from codeparrot.training.sharding import enable_fsdp_on_cpu, report_sharding
+from codeparrot.training.sharding import enable_fsdp_on_cpu, reduce_gradients_in_fp32, report_sharding
 from codeparrot.training.validation import EvalResult, evaluate
 from codeparrot.training.watchdog import stops_watchdogs, training_watchdog
 
@@ -118,6 +118,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step, whatever the process count
         dynamo_backend="inductor" if cfg.compile else None)
     enable_fsdp_on_cpu(accelerator)  # CPU processes: Accelerate's FSDP2 over gloo (training/sharding.py)
+    reduce_gradients_in_fp32(accelerator)  # FSDP + bf16: reduce-scatter in fp32, as DDP does
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device
