@@ -22,7 +22,7 @@ from typing import Callable
 # The exit status of a reported user error; `codeparrot.training.launcher` recognises it in a failed process.
 USER_ERROR_EXIT = 2
 # The exit status of a process the stall watchdog stopped (codeparrot.training.watchdog), after its `error:` line.
-STALL_EXIT = 3
+STALL_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, the run can be resumed
 # Statuses whose process reported its own one `error:` line (the launcher adds nothing).
 REPORTED_EXITS = (USER_ERROR_EXIT, STALL_EXIT)
 # Set by `scripts/launch.py` for the processes it starts: the launcher prints the `error:` line itself, once, after

@@ -10,7 +10,7 @@ beat comes for `minutes`, the watchdog thread
 2. prints one `error:` line (the main process only, or `scripts/launch.py`: once per job) naming the rank, the
    step it was waiting for, the data it was reading and the source line the main thread is blocked on;
 3. kills its own child processes (DataLoader workers, maybe blocked in the same read) and ends the process with
-   `STALL_EXIT` (3; `os._exit`: the main thread is blocked and cannot be unwound).
+   `STALL_EXIT` (75, EX_TEMPFAIL: resumable; `os._exit`: the main thread is blocked and cannot be unwound).
 
 Nothing is written to the run's checkpoints: the last complete checkpoint stays the resume point.
 

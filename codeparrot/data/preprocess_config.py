@@ -76,7 +76,7 @@ class PreprocessConfig:
                                  "Ray's own blocking); the output is identical for every value", cli=False)
     stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "
                                "input that stopped answering, a hung worker), the stacks of every thread go to "
-                               "OUTPUT_DIR.stall.log and the run stops with one line, exit status 3; 0 = off")
+                               "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off")
     chunk_files: int = doc(64, "a worker task closes at this many files ...", cli=False)
     chunk_bytes: int = doc(1 << 20, "... or this many characters of text", cli=False)
     filters: FilterConfig = doc(FilterConfig, "the heuristic filters", group=FILTERS)

@@ -128,7 +128,7 @@ class TrainConfig:
                                              "log step; the final evaluation, checkpoint and push still happen).")
     stall_minutes: float = doc(30.0, "Stall watchdog: when no optimizer step (nor evaluation or checkpoint) "
                                      "completes for this long, every process writes the stacks of all its threads "
-                                     "to <run>/logs/rank-N.log and the run stops with one line (exit status 3); the "
+                                     "to <run>/logs/rank-N.log and the run stops with one line (exit status 75); the "
                                      "last checkpoint stays the resume point. Longer than the slowest step, the "
                                      "first (compiling) step, an evaluation and a checkpoint save; 0 = off.")
     max_bad_steps: int = doc(5, "Steps whose loss or gradient norm is not finite are skipped (no update, counted "

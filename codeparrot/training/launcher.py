@@ -11,7 +11,7 @@ and replaces its report with at most one line:
   but write it into torch elastic's per-process error file, and the launcher prints the first one, once, after
   every process has exited (printing it from the main process would race: torch stops the other processes as
   soon as one fails, so a rank-1 failure could stop rank 0 before it printed); exit status 2; a stall the
-  watchdog reported (training/watchdog.py) likewise, exit status 3;
+  watchdog reported (training/watchdog.py) likewise, exit status 75;
 - any other failure (a crash whose traceback the process printed, a signal) gets one `error:` line naming
   the rank, the exit status or signal, and where its output is;
 - Ctrl-C prints `interrupted` and exits 130.
@@ -88,7 +88,7 @@ def launch(argv: list[str]) -> int:
     except ChildFailedError as err:
         # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
         # cause: the other processes were stopped because of it, their SIGTERM is not news
-        # (a user error, status 2, or a stall the watchdog reported, status 3: training/watchdog.py)
+        # (a user error, status 2, or a stall the watchdog reported, status 75: codeparrot/watchdog.py)
         recorded = sorted((rank, recorded_error(f.message), f.exitcode) for rank, f in err.failures.items()
                           if recorded_error(f.message))
         if recorded:

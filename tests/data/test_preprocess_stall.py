@@ -1,6 +1,6 @@
 """preprocess.py's stall watchdog: an input that stops answering (a named pipe nobody writes to) or a worker that
 hangs stops the run within --stall-minutes with the stacks in OUTPUT_DIR.stall.log and one `error:` line, exit
-status 3, no output folder, no worker left behind."""
+status 75, no output folder, no worker left behind."""
 
 from __future__ import annotations
 

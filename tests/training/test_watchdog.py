@@ -1,5 +1,5 @@
 """The stall watchdog: a run that stops making progress stops within `stall_minutes` with the stacks of its threads
-in its rank log and one `error:` line, exit status 3, instead of hanging silently. The waits users hit: a data
+in its rank log and one `error:` line, exit status 75, instead of hanging silently. The waits users hit: a data
 source that blocks (a named pipe nobody writes to), a DataLoader worker that hangs, a collective that never
 completes because the other rank hangs (2 gloo processes)."""
 
