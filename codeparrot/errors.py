@@ -21,6 +21,10 @@ from typing import Callable
 
 # The exit status of a reported user error; `codeparrot.training.launcher` recognises it in a failed process.
 USER_ERROR_EXIT = 2
+# The exit status of a process the stall watchdog stopped (codeparrot.training.watchdog), after its `error:` line.
+STALL_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, the run can be resumed
+# Statuses whose process reported its own one `error:` line (the launcher adds nothing).
+REPORTED_EXITS = (USER_ERROR_EXIT, STALL_EXIT)
 # Set by `scripts/launch.py` for the processes it starts: the launcher prints the `error:` line itself, once, after
 # every process has exited (read from torch elastic's per-process error file), so the processes don't.
 LAUNCHER_REPORTS_ENV = "CODEPARROT_LAUNCHER_REPORTS"
@@ -51,14 +55,20 @@ def run_cli(main: Callable[[], int | None]) -> None:
                 listener(f"error: {err}")
             except Exception:  # noqa: BLE001 - recording the error must never hide it
                 pass
-        recorded = _record_for_launcher(f"error: {err}")
-        if is_main_launched_process() and not (recorded and os.environ.get(LAUNCHER_REPORTS_ENV) == "1"):
-            print(f"error: {err}", file=sys.stderr, flush=True)
+        report_error_line(f"error: {err}")
         sys.exit(USER_ERROR_EXIT)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)
+
+
+def report_error_line(line: str) -> None:
+    """Print `line` (an `error: ...` line) once for the whole job: the main process prints it, unless
+    `scripts/launch.py` prints it itself from the error file this writes for every process."""
+    recorded = _record_for_launcher(line)
+    if is_main_launched_process() and not (recorded and os.environ.get(LAUNCHER_REPORTS_ENV) == "1"):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _record_for_launcher(line: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from codeparrot.app.access import check_exposure, parse_credentials
 from codeparrot.config import REQUIRED, doc
 from codeparrot.errors import CodeParrotError
 
@@ -29,6 +30,12 @@ class AppConfig:
                                "first; default 4)")
     max_upload_kb: int = doc(1000, "largest code a user may paste or upload, in KB (default 1000)")
     device: str = doc("auto", "cpu, cuda, ... (default: cuda when available)")
+    auth: str | None = doc(None, "require a login USER:PASS (Gradio's login page; every page and API call needs "
+                                 "it); visible to other users of this machine in the process list: prefer "
+                                 "--auth-file", metavar="USER:PASS")
+    auth_file: str | None = doc(None, "require a login: a file with one USER:PASS per line", metavar="FILE")
+    allow_unauthenticated: bool = doc(False, "serve a non-loopback --host without a login (only behind something "
+                                             "that authenticates); without it such a --host is refused")
 
     def validate(self) -> None:
         for flag, value in (("--data-dir", self.data_dir), ("--runs-dir", self.runs_dir)):
@@ -36,3 +43,7 @@ class AppConfig:
                 raise CodeParrotError(f"{flag} {value}: not a folder")
         if self.cache_gb <= 0 or self.max_upload_kb <= 0:
             raise CodeParrotError("--cache-gb and --max-upload-kb must be positive")
+        check_exposure(self.host, self.credentials(), self.allow_unauthenticated)
+
+    def credentials(self) -> list[tuple[str, str]] | None:
+        return parse_credentials(self.auth, self.auth_file)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from codeparrot.app.access import MAX_EVAL_STEPS
 from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context
 from codeparrot.app.losses import computed_losses, logged_losses
 from codeparrot.app.pickers import branch_names, revision_picker
@@ -118,9 +119,11 @@ def build_experiments_tab(ws: Workspace) -> list[tuple]:
         with gr.Row():
             plotted = gr.Dropdown(names, value=names[:2], multiselect=True, allow_custom_value=True,
                                   label="branches", elem_id="losses-branches")
-            dataset = gr.Textbox(label="validation folder (empty: the losses the runs logged)",
-                                 placeholder="e.g. demo_output/tokens/valid", elem_id="losses-dataset")
-            steps = gr.Number(4, precision=0, label="batches per checkpoint (on demand)")
+            dataset = gr.Textbox(label="validation folder inside the app's --data-dir (empty: the losses the runs "
+                                       "logged)", placeholder="e.g. valid", elem_id="losses-dataset")
+            steps = gr.Number(4, precision=0,  # bounded by the handler: its refusal is the tab's status line
+                              label=f"batches per checkpoint (on demand, at most {MAX_EVAL_STEPS})",
+                              elem_id="losses-steps")
         plot_button = gr.Button("Plot", elem_id="losses-button")
         plot = gr.Image(type="filepath", label="validation loss", elem_id="losses-plot", interactive=False)
     with gr.Accordion("Two checkpoints, one prompt", open=True):

@@ -4,7 +4,7 @@ Three sources, each naming what the losses were measured on (sequences x length:
 comparable): the metrics pushed with the checkpoints (`metrics.json` of every "step N" commit, written by the
 pusher: the repository alone is enough), else the metrics a run logged (`<runs dir>/<branch>/metrics.jsonl`),
 or computed on demand like `scripts/checkpoints.py plot`: `validation_loss` of every "step N" commit of the
-branch on a chosen validation folder, with tokens seen from the commit's metrics or `trainer_state.json`.
+branch on a chosen validation folder (under the app's --data-dir), with tokens seen from the commit's metrics or `trainer_state.json`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from codeparrot.app.access import bounded_steps, confined_folder
 from codeparrot.app.workspace import Workspace
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.metrics import branch_checkpoints, describe_eval, pushed_losses, read_pushed_metrics
@@ -48,8 +49,8 @@ def computed_losses(ws: Workspace, branch: str, dataset: str, max_eval_steps: in
     were measured on)."""
     from codeparrot.training.validation import validation_loss
 
-    if not Path(dataset).exists():
-        raise CodeParrotError(f"validation folder {dataset} does not exist")
+    dataset = str(confined_folder(ws.data_dir, dataset))  # only under --data-dir (codeparrot/app/access.py)
+    max_eval_steps = bounded_steps(max_eval_steps)
     repo = ws.repository()
     commits = branch_checkpoints(repo, branch)
     if not commits:

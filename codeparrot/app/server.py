@@ -1,7 +1,7 @@
 """The app's page (four tabs) and its server: `build_app` makes the Blocks, `start` serves it without blocking.
 
 Everything Gradio could contact beyond loopback is off (`codeparrot.app.offline`); the server binds the given
-host (127.0.0.1 by default). Requests queue per event (Gradio's default, one at a time per button), and one
+host (127.0.0.1 by default; any other needs a login or --allow-unauthenticated: codeparrot/app/access.py). Requests queue per event (Gradio's default, one at a time per button), and one
 request's failure is a one-line status in the page (`codeparrot.app.workspace.guarded`).
 """
 
@@ -11,6 +11,7 @@ import socket
 import threading
 from pathlib import Path
 
+from codeparrot.app.access import check_exposure
 from codeparrot.app.complete import build_complete_tab
 from codeparrot.app.config import AppConfig
 from codeparrot.app.data import build_data_tab
@@ -56,16 +57,20 @@ def check_port(host: str, port: int) -> None:
             raise CodeParrotError(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
 
 
-def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860):
-    """Serve the app in background threads; returns (blocks, local URL). `blocks.close()` stops it."""
+def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860, auth: list[tuple[str, str]] | None = None,
+          allow_unauthenticated: bool = False):
+    """Serve the app in background threads; returns (blocks, local URL). `blocks.close()` stops it.
+    `auth`: [(user, password)] for Gradio's login; without it only a loopback `host` is served, unless
+    `allow_unauthenticated` (codeparrot/app/access.py)."""
     if not 1 <= port <= 65535:
         raise CodeParrotError(f"--port must be in 1..65535, got {port}")
+    check_exposure(host, auth, allow_unauthenticated)
     check_port(host, port)
     demo = build_app(ws)
     demo.queue(default_concurrency_limit=1)
     # Gradio refuses larger uploads before they reach a handler; the handler's own limit gives the message.
     _, url, _ = demo.launch(**launch_kwargs(host, port), max_file_size=4 * ws.max_upload_bytes + 65536,
-                            css=CSS, allowed_paths=[])
+                            css=CSS, allowed_paths=[], auth=auth)
     return demo, url
 
 
@@ -76,7 +81,7 @@ def serve(cfg: AppConfig) -> None:
                    runs_dir=Path(cfg.runs_dir) if cfg.runs_dir else None,
                    max_upload_bytes=cfg.max_upload_kb * 1000,
                    cache=ModelCache(int(cfg.cache_gb * 2**30), device=cfg.device))
-    demo, url = start(ws, cfg.host, cfg.port)
+    demo, url = start(ws, cfg.host, cfg.port, auth=cfg.credentials(), allow_unauthenticated=cfg.allow_unauthenticated)
     print(f"CodeParrot app for {cfg.model} at {url} (Ctrl-C stops it)", flush=True)
     try:
         threading.Event().wait()

@@ -43,8 +43,10 @@ from codeparrot.data.preprocess_config import PreprocessConfig, available_cores
 from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import ShardWriter, ensure_replaceable
+from codeparrot.data.stall import records_watchdog
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.datasets import open_dataset_repository, publish_clean
+from codeparrot.watchdog import stops_watchdogs
 
 OUTPUT_ENTRIES = ["train", "valid", "stats.json", "duplicate_clusters.json"]
 DECONTAMINATED = "decontaminated:"  # prefix of a worker's reason for a contaminated file
@@ -161,6 +163,7 @@ class _Sink:
         self.totals.bytes_out += nbytes
 
 
+@stops_watchdogs
 def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, submit,
            totals: Totals) -> int:
     """Read, exact-dedup (here, in input order), then filter, decontaminate and sign (in the workers); returns
@@ -170,10 +173,12 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
     pending: deque = deque()  # (chunk, first-occurrence positions, digests, async result), in input order
     window = 2 * max(cfg.num_workers, 1) + 1  # chunks in flight: keeps every worker busy, bounds memory
     bar, start = _bar(cfg, "preprocess"), time.perf_counter()
+    watchdog = records_watchdog(cfg.stall_minutes, Path(cfg.output_dir), pending)  # codeparrot/data/stall.py
 
     def finish_oldest() -> None:
-        chunk, firsts, digests, result = pending.popleft()
+        chunk, firsts, digests, result = pending[0]  # still in `pending` while waited for: the watchdog names it
         reasons, sigs, valid, worker_seconds = result.get()
+        pending.popleft()
         t = time.thread_time()
         totals.seconds.update(worker_seconds)
         for pos, reason in zip(firsts, reasons):
@@ -190,6 +195,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
         totals.files["minhash"] += reasons.count(None)
         totals.seconds["write"] += time.thread_time() - t
         bar.update(len(chunk))
+        watchdog.beat(watchdog.progress + len(chunk))  # records done
         bar.set_postfix_str(f"{totals.bytes_in / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
 
     records = iter_input_records(paths, cfg.text_column, bad)

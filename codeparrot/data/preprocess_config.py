@@ -74,6 +74,9 @@ class PreprocessConfig:
                                   "storage every node can write", metavar="ADDR")
     ray_blocks: int | None = doc(None, "with --engine ray: split the records into this many Ray blocks (default: "
                                  "Ray's own blocking); the output is identical for every value", cli=False)
+    stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "
+                               "input that stopped answering, a hung worker), the stacks of every thread go to "
+                               "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off")
     chunk_files: int = doc(64, "a worker task closes at this many files ...", cli=False)
     chunk_bytes: int = doc(1 << 20, "... or this many characters of text", cli=False)
     filters: FilterConfig = doc(FilterConfig, "the heuristic filters", group=FILTERS)
@@ -88,6 +91,8 @@ class PreprocessConfig:
             raise CodeParrotError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
         if self.num_workers < 0:
             raise CodeParrotError(f"--num-workers must be >= 0, got {self.num_workers}")
+        if self.stall_minutes < 0:
+            raise CodeParrotError(f"--stall-minutes must be >= 0 (0 = off), got {self.stall_minutes}")
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
         if self.num_perm < 2 or self.min_tokens < 1:

@@ -58,8 +58,8 @@ UTF8_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, written by some Windows t
 
 # --- which files ----------------------------------------------------------------------------------------------
 def is_data_file(path: Path) -> bool:
-    """A regular file with one of the data suffixes."""
-    return path.name.endswith(DATA_SUFFIXES) and path.is_file()
+    """A regular file or a named pipe (a stream another program writes) with one of the data suffixes."""
+    return path.name.endswith(DATA_SUFFIXES) and (path.is_file() or path.is_fifo())
 
 
 def _files_under(folder: Path) -> list[Path]:
@@ -114,7 +114,7 @@ def resolve_data_files(specs: str | os.PathLike | Iterable[str | os.PathLike], s
         path = Path(spec).expanduser()
         if path.is_dir():
             found = _folder_files(path, split, required=True)
-        elif path.is_file():
+        elif path.is_file() or path.is_fifo():
             found = [path]
         elif glob.has_magic(spec):
             found = []

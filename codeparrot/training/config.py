@@ -127,6 +127,13 @@ class TrainConfig:
     max_steps: int = doc(150_000, "Optimizer steps of the run (the learning-rate schedule spans them).")
     max_minutes: Optional[float] = doc(None, "Stop earlier, after this many minutes of training (checked at each "
                                              "log step; the final evaluation, checkpoint and push still happen).")
+    stall_minutes: float = doc(30.0, "Stall watchdog: when no optimizer step (nor evaluation or checkpoint) "
+                                     "completes for this long, every process writes the stacks of all its threads "
+                                     "to <run>/logs/rank-N.log and the run stops with one line (exit status 75); the "
+                                     "last checkpoint stays the resume point. Longer than the slowest step, the "
+                                     "first (compiling) step, an evaluation and a checkpoint save; 0 = off.")
+    max_bad_steps: int = doc(5, "Steps whose loss or gradient norm is not finite are skipped (no update, counted "
+                                "in the log); this many in a row stop the run, naming the first one and its data.")
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = doc(
         None, "Mixed precision; null = from the Accelerate config / launcher (accelerate_config.yaml: bf16).")
     attn_implementation: Literal["causal_sdpa", "sdpa", "eager", "flash_attention_2"] = doc(
@@ -163,6 +170,8 @@ class TrainConfig:
         positive("max_steps", self.max_steps)
         if self.max_minutes is not None:
             positive("max_minutes", self.max_minutes)
+        positive("stall_minutes", self.stall_minutes, allow_zero=True)
+        positive("max_bad_steps", self.max_bad_steps)
         positive("data.seq_length", self.data.seq_length)
         positive("data.chars_per_token", self.data.chars_per_token)
         positive("data.num_of_sequences", self.data.num_of_sequences)

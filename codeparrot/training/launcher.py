@@ -10,7 +10,8 @@ and replaces its report with at most one line:
 - a process that exited with status 2 met a user error: its processes don't print it (`LAUNCHER_REPORTS_ENV`)
   but write it into torch elastic's per-process error file, and the launcher prints the first one, once, after
   every process has exited (printing it from the main process would race: torch stops the other processes as
-  soon as one fails, so a rank-1 failure could stop rank 0 before it printed); exit status 2;
+  soon as one fails, so a rank-1 failure could stop rank 0 before it printed); exit status 2; a stall the
+  watchdog reported (training/watchdog.py) likewise, exit status 75;
 - any other failure (a crash whose traceback the process printed, a signal) gets one `error:` line naming
   the rank, the exit status or signal, and where its output is;
 - Ctrl-C prints `interrupted` and exits 130.
@@ -24,7 +25,7 @@ import signal
 import subprocess
 import sys
 
-from codeparrot.errors import LAUNCHER_REPORTS_ENV, USER_ERROR_EXIT
+from codeparrot.errors import LAUNCHER_REPORTS_ENV, REPORTED_EXITS, USER_ERROR_EXIT
 
 # torch elastic's loggers report each failed process ("failed (exitcode: 2) local_rank: 0 ...") and the
 # SIGTERM it sends the other ranks; the one-line summary below says the same once.
@@ -57,7 +58,7 @@ def recorded_error(message) -> str | None:
 
 def failure_line(script: str, rank: int | None, code: int) -> str | None:
     """The one line that replaces the launcher's report, or None when the process printed its `error:` line."""
-    if code == USER_ERROR_EXIT:
+    if code in REPORTED_EXITS:
         return None
     where = f"rank {rank}" if rank is not None else "its process"
     hint = " (killed from outside: out of memory?)" if code == -signal.SIGKILL else "; its output is above"
@@ -75,6 +76,9 @@ def launch(argv: list[str]) -> int:
 
     _quiet_torch_elastic()
     args = launch_command_parser().parse_args(argv)
+    # `-q` makes accelerate's one-process launcher `sys.exit(1)` on any failure, hiding a user error's status 2;
+    # the report is replaced below anyway, so let it raise CalledProcessError and keep the process's own status
+    args.quiet = False
     script = getattr(args, "training_script", "the script")
     # read by run_cli in the processes; it only holds back its print where torch elastic gave an error file
     # (the multi-process launchers), the one-process launcher lets the process print
@@ -84,11 +88,12 @@ def launch(argv: list[str]) -> int:
     except ChildFailedError as err:
         # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
         # cause: the other processes were stopped because of it, their SIGTERM is not news
-        recorded = sorted((rank, recorded_error(f.message)) for rank, f in err.failures.items()
+        # (a user error, status 2, or a stall the watchdog reported, status 75: codeparrot/watchdog.py)
+        recorded = sorted((rank, recorded_error(f.message), f.exitcode) for rank, f in err.failures.items()
                           if recorded_error(f.message))
         if recorded:
             print(recorded[0][1], file=sys.stderr, flush=True)
-            return USER_ERROR_EXIT
+            return recorded[0][2] if recorded[0][2] > 0 else USER_ERROR_EXIT
         rank, failure = err.get_first_failure()
         line = failure_line(script, rank, failure.exitcode)
         if line:

@@ -129,7 +129,8 @@ def console_line(m: dict[str, Any], max_steps: int) -> str:
     grad = "n/a" if m.get("grad_norm") is None else f"{m['grad_norm']:.3f}"
     return (f"step {m['step']:>{width}}/{max_steps} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | grad-norm {grad} | "
             f"{m['ms_per_step']:7.1f} ms/step | {m['tokens_per_s']:>9,.0f} tok/s | MFU {mfu} | "
-            f"mem {m['memory_gib']:.2f} GiB{' | warm-up' if m.get('warmup') else ''}")
+            f"mem {m['memory_gib']:.2f} GiB" + (f" | skipped {m['skipped_steps']}" if m.get("skipped_steps") else "")
+            + (" | warm-up" if m.get("warmup") else ""))
 
 
 MFU_CONVENTION = "PaLM appendix B: 6N + 12LHQT FLOPs/token"

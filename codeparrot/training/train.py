@@ -48,6 +48,7 @@ from codeparrot.training.datasets.loader import build_dataloader, build_dataset
 from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
+from codeparrot.training.nonfinite import NonFiniteGuard, check_finite_weights
 from codeparrot.training.optim import build_optimizer, build_scheduler
 from codeparrot.training.regional_compile import compile_blocks
 from codeparrot.training.rank_logs import open_rank_log
@@ -61,8 +62,9 @@ from codeparrot.training.reporting import (
     redact,
     start_trackers,
 )
-from codeparrot.training.sharding import enable_fsdp_on_cpu, report_sharding
+from codeparrot.training.sharding import enable_fsdp_on_cpu, reduce_gradients_in_fp32, report_sharding
 from codeparrot.training.validation import EvalResult, evaluate
+from codeparrot.training.watchdog import stops_watchdogs, training_watchdog
 
 
 @dataclass
@@ -75,6 +77,7 @@ class TrainResult:
     push_errors: list[str] = field(default_factory=list)
 
 
+@stops_watchdogs  # a stall watchdog never outlives its run
 def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
           profile_steps: tuple[int, int] | None = None) -> TrainResult | None:
     """Run (or resume) the training described by `cfg`. `resume`: None, "auto" or a step-N folder.
@@ -98,6 +101,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                   f"its final model is in {run_dir / 'final'} (raise --max_steps to train further)")
         done = read_state(checkpoint)
         return TrainResult(run_dir, done.step, done.tokens_seen, last_checkpoint=checkpoint)
+    watchdog = training_watchdog(cfg.stall_minutes, run_dir, rank, accum, cfg.data.train)  # training/watchdog.py
     with state.local_main_process_first():  # materialize a repository revision once per node
         tokenizer, model_dir = load_tokenizer_checked(cfg)
     if main and checkpoint is None and not inspect_batches:
@@ -123,6 +127,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         step_scheduler_with_optimizer=False,  # we step it once per optimizer step, whatever the process count
         dynamo_plugin=fast.dynamo_plugin())
     enable_fsdp_on_cpu(accelerator)  # CPU processes: Accelerate's FSDP2 over gloo (training/sharding.py)
+    reduce_gradients_in_fp32(accelerator)  # FSDP + bf16: reduce-scatter in fp32, as DDP does
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device
@@ -157,6 +162,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     config_dict = redact(to_dict(cfg))
     start_trackers(accelerator, cfg.logging.trackers, cfg.logging.project, config_dict, run_dir, cfg.run_name)
     pusher = make_pusher(cfg) if main else None
+    guard = NonFiniteGuard(accelerator, cfg.max_bad_steps, rank, accum, cfg.data.train, train_loader, metrics)
 
     flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
@@ -169,6 +175,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
 
     # ---- 3. the loop ----
     result = TrainResult(run_dir, step, tokens_seen)
+    watchdog.beat(step)  # the set-up was progress too; the line names the step it waits for (a resumed one)
     model.train()
     loss_sum = torch.zeros((), device=device)  # sum of micro-batch mean losses since the last log line
     micro_steps, grad_norm = 0, None
@@ -183,20 +190,24 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     while step < cfg.max_steps:
         if profile_steps and step + 1 == profile_steps[0]:
             profiler = start_profiler(run_dir, device)
+        step_loss = torch.zeros((), device=device)  # this step's micro-batch mean losses, summed
         for _ in range(accum):
             batch = next(train_iter).to(device, non_blocking=True)  # [micro_batch, seq_length]
             with accelerator.accumulate(model):  # no gradient all-reduce except on the last micro-step
                 loss = forward_loss(model, head, batch)  # mean over the B·(T-1) predicted tokens
                 accelerator.backward(loss)  # divides by `accum`: the step's gradient is the token mean
-            loss_sum += loss.detach()
-            micro_steps += 1
+            step_loss += loss.detach()
         assert accelerator.sync_gradients, "the last micro-step of an optimizer step must synchronize gradients"
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]  # the rate this step uses (a Python float: no device sync)
-        optimizer.step()
+        if guard.check(step + 1, grad_norm, step_loss):  # a non-finite step is skipped (training/nonfinite.py)
+            optimizer.step()
+            loss_sum += step_loss
+            micro_steps += accum
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
+        watchdog.beat(step)
         bar.update(1)
         if profiler is not None and step == profile_steps[1]:
             profiler.stop()
@@ -209,7 +220,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             entry = throughput.add({
                 "step": step, "tokens_seen": tokens_seen, "loss": loss_mean, "lr": lr, "grad_norm": float(grad_norm),
                 "ms_per_step": 1000 * elapsed / clock_steps, "tokens_per_s": tokens_per_s,
-                "mfu": mfu(tokens_per_s, flops_per_token, peak, world), "memory_gib": memory_gib(device)})
+                "mfu": mfu(tokens_per_s, flops_per_token, peak, world), "memory_gib": memory_gib(device),
+                "skipped_steps": guard.skipped})
             log(accelerator, metrics, entry)
             if main:
                 bar.write(console_line(entry, cfg.max_steps))
@@ -232,7 +244,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                 bar.write(f"eval step {step}: val_loss {ev.loss:.4f} | perplexity {ev.perplexity:.2f} | "
                           f"{ev.describe()}")
             clock, clock_steps = time.perf_counter(), 0
+            watchdog.beat(step)
         if is_last or (cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0):
+            check_finite_weights(accelerator, model, step)  # never a checkpoint, push or final model with NaN/inf
             result.last_checkpoint = save_checkpoint(
                 accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),
                 train_loader.state_dict(), config_dict, cfg.checkpoint.keep_last)
@@ -240,6 +254,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                 pusher.push(result.last_checkpoint, f"step {step}", include=None if
                             cfg.checkpoint.push_training_state else model_files(result.last_checkpoint))
             clock, clock_steps = time.perf_counter(), 0
+            watchdog.beat(step)
         if stop:
             break
     bar.close()
@@ -251,6 +266,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         result.last_checkpoint = list_checkpoints(run_dir)[-1][1]  # resumed a finished run: nothing to do
     if result.last_checkpoint is not None and result.last_checkpoint.name == f"step-{step}":
         save_final_model(accelerator, model, tokenizer, run_dir / "final")
+    watchdog.stop()  # waiting for a push (its own timeouts) is not a stall
     if pusher is not None:
         result.push_errors = pusher.wait()
         for error in result.push_errors:

@@ -143,7 +143,8 @@ def test_bad_experiment_inputs(client):
     status = client.predict(["main"], "", 4, api_name="/losses")[1]
     assert status.startswith("error: no logged metrics for branch 'main'")
     status = client.predict(["exp"], "/no/such/folder", 4, api_name="/losses")[1]
-    assert status == "error: validation folder /no/such/folder does not exist"
+    assert status == ("error: validation folder '/no/such/folder' is not a folder inside the app's data folder "
+                      "(--data-dir); give a path relative to it, e.g. valid")
     assert client.predict("exp", "deadbeef", True, api_name="/promote")[0].startswith("error: ")
 
 

@@ -217,3 +217,82 @@ def test_browser_fetched_nothing_beyond_loopback(page, served):
     assert page.requests, "the page made no requests at all"
     outside = [u for u in page.requests if not u.startswith((served[1].rstrip("/"), "data:", "blob:", "about:"))]
     assert not outside, outside[:10]
+
+
+def _set_field(page, elem_id: str, value) -> None:
+    """Type into a gr.Textbox / gr.Number (its <textarea> or <input>) as a user would."""
+    page.js(f"""(() => {{ const t = document.querySelector('#{elem_id} textarea, #{elem_id} input');
+        t.value = {json.dumps(str(value))}; t.dispatchEvent(new Event('input', {{bubbles: true}}));
+        t.dispatchEvent(new Event('change', {{bubbles: true}})); }})()""")
+
+
+def _plot_refused(page, dataset: str, steps, expected: str, marker: str) -> str:
+    """Plot with these inputs; the status line that says `expected` and `marker` (this request's own value)."""
+    _tab(page, "Experiments")
+    _set_field(page, "losses-dataset", dataset)
+    _set_field(page, "losses-steps", steps)
+    page.js("document.getElementById('losses-button').click()")
+    status = page.wait(f"(s => s.includes({json.dumps(expected)}) && s.includes({json.dumps(marker)}) ? s : '')"
+                       "(document.getElementById('experiments-status').innerText)")
+    assert status.startswith("error: ") and "\n" not in status.strip(), status
+    return status
+
+
+@pytest.fixture
+def secrets_beside(app_repo):
+    """A folder outside the app's --data-dir holding credentials as JSONL, and a symlink to it inside."""
+    secrets = app_repo["root"] / "secrets"
+    secrets.mkdir(exist_ok=True)
+    (secrets / "keys.jsonl").write_text(json.dumps({"aws_secret_access_key": "x", "db_password": "y"}) + "\n")
+    link = app_repo["clean"] / "linked"
+    if not link.exists():
+        os.symlink(secrets, link)
+    yield secrets
+    link.unlink()
+
+
+@pytest.mark.parametrize("kind", ["absolute", "relative", "symlink", "missing"])
+def test_a_validation_folder_outside_the_data_dir_is_refused(page, secrets_beside, kind):
+    dataset = {"absolute": str(secrets_beside), "relative": "../secrets", "symlink": "linked",
+               "missing": str(secrets_beside / "nope")}[kind]
+    _plot_refused(page, dataset, 4, "is not a folder inside the app's data folder (--data-dir)", repr(dataset))
+    body = page.js("document.body.innerText")
+    assert "aws_secret_access_key" not in body and "db_password" not in body and "keys.jsonl" not in body
+    _set_field(page, "losses-dataset", "")
+
+
+@pytest.mark.parametrize("steps", [-1, 100000])
+def test_unbounded_batches_per_checkpoint_are_refused(page, app_repo, steps):
+    (app_repo["clean"] / "valid").mkdir(exist_ok=True)  # inside --data-dir: only the bound refuses it
+    _plot_refused(page, "valid", steps, "batches per checkpoint must be a whole number from 1 to", f"got {steps}")
+    _set_field(page, "losses-dataset", "")
+    _set_field(page, "losses-steps", 4)
+
+
+def test_with_a_login_nothing_is_served_before_it(app_repo, tmp_path):
+    from codeparrot.app.server import start
+    from codeparrot.app.workspace import Workspace
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo, url = start(Workspace(app_repo["ref"]), "127.0.0.1", port, auth=[("ada", "s3cret")])
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.call("Page.navigate", session=True, url=url)
+        browser.wait("!!document.querySelector('input[type=password]')")
+        assert browser.js("document.querySelectorAll('button[role=tab]').length") == 0  # the login form only
+        for user, password in (("ada", "wrong"), ("ada", "s3cret")):
+            browser.js(f"""(() => {{
+                const set = (el, v) => {{ el.value = v; el.dispatchEvent(new Event('input', {{bubbles: true}})); }};
+                set(document.querySelector('input[type=text], input:not([type=password])'), {json.dumps(user)});
+                set(document.querySelector('input[type=password]'), {json.dumps(password)});
+                [...document.querySelectorAll('button')].find(b => /login/i.test(b.textContent)).click(); }})()""")
+            if password == "wrong":
+                browser.wait("/incorrect|invalid|error/i.test(document.body.innerText)")
+                assert browser.js("document.querySelectorAll('button[role=tab]').length") == 0
+        browser.wait("document.querySelectorAll('button[role=tab]').length >= 4")
+    finally:
+        browser.close()
+        demo.close()

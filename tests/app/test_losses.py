@@ -20,9 +20,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_losses_computed_on_demand_with_a_tiny_model(app_repo, write_shards, memorized_code, tmp_path):
     valid = write_shards(tmp_path / "valid", [memorized_code] * 8, 1)
-    ws = Workspace(app_repo["ref"], revision="exp")
+    ws = Workspace(app_repo["ref"], revision="exp", data_dir=tmp_path)
     calls = []
-    points, measured_on = computed_losses(ws, "exp", str(valid), 2, lambda f, what: calls.append((f, what)))
+    points, measured_on = computed_losses(ws, "exp", "valid", 2, lambda f, what: calls.append((f, what)))
     assert [(p.step, p.tokens_seen) for p in points] == [(10, 640), (20, 1280)]  # tokens from trainer_state.json
     # step 20 is the model overfit on exactly this code: far lower loss than the random step 10
     assert points[1].loss < points[0].loss - 2  # (windows cut the code mid-way: not ~0, but far lower)

@@ -42,9 +42,10 @@ def _train_with_typo(repo_root, scripts_env, launcher, launcher_flags):
                 ["scripts/train.py", "--config", "configs/train/tiny.yaml", "--optim.lrr", "2"])
 
 
-@pytest.mark.parametrize("processes", ["one", "two"])
+@pytest.mark.parametrize("processes", ["one", "one-quiet", "two"])
 def test_launch_script_leaves_the_error_as_the_only_line(repo_root, scripts_env, processes):
-    flags = ONE_PROCESS if processes == "one" else _two_processes()
+    # -q (accelerate's quiet flag) must not turn the user error's status 2 into accelerate's generic 1
+    flags = {"one": ONE_PROCESS, "one-quiet": ["-q", *ONE_PROCESS], "two": _two_processes()}[processes]
     done = _train_with_typo(repo_root, scripts_env, LAUNCH, flags)
     assert done.returncode == 2
     assert (done.stdout + done.stderr).strip().splitlines() == [ERROR], done.stdout + done.stderr

@@ -3,7 +3,15 @@ end with identical weights (CPU, fp32), identical per-step losses and learning r
 
 The setup exercises everything a resume must restore: dropout on (RNG states), gradient accumulation
 (Accelerate's micro-step counter), the text ConstantLengthDataset with both shuffle buffers and a DataLoader
-worker (the data position, the carried tail), AdamW moments and the cosine schedule."""
+worker (the data position, the carried tail), AdamW moments and the cosine schedule.
+
+What could make a resume depend on the moment of the kill or on the machine's state is exercised too: the kill
+lands at two moments (right as checkpoint N appears; two steps later, with the DataLoader worker's prefetch
+ahead of the loop and metrics.jsonl holding steps past the checkpoint), a CPU burner loads the machine during the
+killed and the resumed run, and the runs differ in their start-up: the uninterrupted run measures the CPU matmul
+peak (training/mfu.py: ~2 s of large matmuls in this process, with an empty cache) while the resumed one is
+given the peak and measures nothing. Each process reads nothing but its checkpoint: the results must be
+bitwise equal."""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -56,23 +65,68 @@ def _train_entries(run_dir) -> dict[int, dict]:
     return {e["step"]: e for e in entries if "loss" in e}
 
 
-def test_kill_and_resume_gives_identical_weights(toy, tmp_path, python, repo_root, scripts_env):
-    env = {**scripts_env, "OMP_NUM_THREADS": "1"}  # same thread count in every run: bitwise-comparable math
-    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
-    full_cfg = _config_file(toy, tmp_path / "full.yaml", output_dir=str(full_dir))
-    # The run to kill evaluates the whole (large) validation split right after step N+1: a long window in which
+@pytest.fixture(scope="module")
+def uninterrupted(toy, tmp_path_factory, python, repo_root):
+    """The 2N-step reference run, measuring the CPU peak at start (its own empty cache)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    env = {**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1",  # same thread count everywhere
+           "CODEPARROT_CACHE": str(root / "cache")}
+    env.pop("CODEPARROT_PEAK_TFLOPS", None)
+    run_dir = root / "full"
+    out, _ = _launch(python, repo_root, env, _config_file(toy, root / "full.yaml", output_dir=str(run_dir))) \
+        .communicate(timeout=300)
+    assert "measured float32 matmul peak" in out, out  # the start-up the resumed run skips
+    assert (run_dir / "final").is_dir(), out
+    return run_dir
+
+
+@pytest.fixture
+def cpu_burner():
+    """A process spinning on a core during the killed and resumed runs: a loaded machine."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield burner
+    burner.kill()
+    burner.wait()
+
+
+def _wait_for(path_check, killed, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not path_check():
+        assert killed.poll() is None, f"the run ended before {what}:\n{killed.stdout.read()}"
+        assert time.monotonic() < deadline, f"no {what} within 120 s"
+        time.sleep(0.005)
+
+
+def _logged_steps(run_dir) -> set[int]:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return set()
+    steps = set()
+    for line in lines:
+        try:
+            steps.add(json.loads(line).get("step"))
+        except ValueError:  # a line being written
+            continue
+    return steps
+
+
+@pytest.mark.parametrize("kill_at", ["checkpoint", "two steps later"])
+def test_kill_and_resume_gives_identical_weights(toy, tmp_path, python, repo_root, scripts_env, uninterrupted,
+                                                 cpu_burner, kill_at):
+    env = {**scripts_env, "OMP_NUM_THREADS": "1", "CODEPARROT_PEAK_TFLOPS": "1"}  # no peak measurement here
+    full_dir, killed_dir = uninterrupted, tmp_path / "killed"
+    # The run to kill evaluates the whole (large) validation split right after step N+3: a long window in which
     # it is certainly still running when the kill arrives. Evaluation never touches the training RNG stream.
     killed_cfg = _config_file(toy, tmp_path / "killed.yaml", output_dir=str(killed_dir), **{
-        "data.valid": str(toy.train_data), "eval.eval_steps": N + 1, "eval.max_eval_steps": -1})
-    full = _launch(python, repo_root, env, full_cfg)
+        "data.valid": str(toy.train_data), "eval.eval_steps": N + 3, "eval.max_eval_steps": -1})
     killed = _launch(python, repo_root, env, killed_cfg)
 
     marker = killed_dir / "checkpoints" / f"step-{N}" / "trainer_state.json"
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert killed.poll() is None, f"the run ended before checkpoint {N}:\n{killed.stdout.read()}"
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.005)
+    if kill_at == "checkpoint":
+        _wait_for(marker.exists, killed, f"checkpoint {N}")
+    else:  # steps N+1 and N+2 done and logged, the loader's worker already preparing the batches after them
+        _wait_for(lambda: N + 2 in _logged_steps(killed_dir), killed, f"step {N + 2}")
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait(timeout=30)
     assert killed.returncode == -signal.SIGKILL
@@ -82,8 +136,6 @@ def test_kill_and_resume_gives_identical_weights(toy, tmp_path, python, repo_roo
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
     assert f"resumed from {killed_dir / 'checkpoints' / f'step-{N}'}: step {N}" in out
-    out, _ = full.communicate(timeout=300)
-    assert full.returncode == 0, out
 
     reference, result = _weights(full_dir / "final"), _weights(killed_dir / "final")
     assert reference.keys() == result.keys()
