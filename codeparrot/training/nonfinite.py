@@ -14,6 +14,15 @@ for good; a checkpoint then saves, and a push publishes, a dead model. So before
   the data of its batch; the log line counts them;
 - `max_bad_steps` bad steps in a row stop the run with one line naming the first of them and its data.
 
+On the device (fused AdamW, the CUDA default; not under fp16's gradient scaler, which has its own skip) the
+decision never reaches the host inside the step: a host read per step would stall the GPU's queue every step
+(the CPU could no longer run ahead). `check` then hands the fused kernel the "skip" flag it already understands
+(`found_inf`, as torch's GradScaler does: weights, moments and the Adam step count stay untouched when set) and
+returns the flag as a 0-dim tensor; `flush`, called at each log step (a host sync there anyway), before each
+checkpoint and at the end, reads the flags of the steps since, and warns, records and stops exactly as above.
+The stop can thus come up to `logging.log_steps` steps after the `max_bad_steps`-th bad step: those were all
+skipped too, and the data named for them is the position at the flush.
+
 `check_finite_weights` runs before every checkpoint: a checkpoint (and so a push or the final model) never holds
 non-finite weights, also when an absurd learning rate made a finite gradient overflow the weights.
 """
@@ -51,18 +60,48 @@ def describe_position(loader_state: dict) -> str:
 class NonFiniteGuard:
     """`check(step, grad_norm, step_loss)` before each optimizer step: True = apply it (module docstring)."""
 
-    def __init__(self, accelerator, max_bad_steps: int, rank: int, accum: int, data: str, loader, metrics):
+    def __init__(self, accelerator, max_bad_steps: int, rank: int, accum: int, data: str, loader, metrics,
+                 optimizer=None):
         self.accelerator, self.max_bad_steps = accelerator, max_bad_steps
         self.rank, self.accum, self.data, self.loader, self.metrics = rank, accum, data, loader, metrics
         self.skipped = 0  # skipped steps since this process started (logged with every log line)
         self.in_a_row = 0
         self.first_bad: str | None = None  # the first step of the current run of bad steps, described
+        inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the torch optimizer
+        self.fused = inner if (inner is not None and getattr(inner, "defaults", {}).get("fused")
+                               and accelerator.mixed_precision != "fp16") else None
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # device mode, unread
 
-    def check(self, step: int, grad_norm: torch.Tensor, step_loss: torch.Tensor) -> bool:
-        """`step`: the 1-based step about to be applied; `step_loss`: this process's summed micro-batch losses."""
+    def check(self, step: int, grad_norm: torch.Tensor, step_loss: torch.Tensor) -> bool | torch.Tensor:
+        """`step`: the 1-based step about to be applied; `step_loss`: this process's summed micro-batch losses.
+        Returns whether to apply the step; in device mode a 0-dim bool tensor, and the step must still be called
+        (the fused kernel skips it by itself)."""
         loss = self.accelerator.reduce(step_loss.detach().float().reshape(1), reduction="sum")
-        norm = float(grad_norm)  # already the global norm: identical on every rank
-        loss_value = float(loss)  # one device sync per step: the decision is taken on the host
+        if self.fused is not None:
+            norm = torch.as_tensor(grad_norm, device=loss.device).float().reshape(1)
+            bad = torch.logical_not(torch.isfinite(norm) & torch.isfinite(loss)).reshape(())
+            self.fused.found_inf = bad.float()  # read by the fused AdamW kernel: skip when 1
+            self.pending.append((step, bad, loss, norm))
+            return torch.logical_not(bad)
+        return self._decide(step, float(grad_norm), float(loss))  # one device sync per step: decided on the host
+
+    def flush(self) -> int:
+        """Device mode: read the flags of the steps since the last flush (one sync), record them as `check` does
+        on the host; returns how many of them were skipped (0 in host mode, where `check` decided already)."""
+        if not self.pending:
+            return 0
+        pending, self.pending = self.pending, []
+        flags = torch.stack([bad for _, bad, _, _ in pending]).tolist()
+        skipped = 0
+        for (step, _, loss, norm), bad in zip(pending, flags):
+            if not bad:
+                self.in_a_row, self.first_bad = 0, None
+                continue
+            skipped += 1
+            self._decide(step, float(norm), float(loss))  # records and warns; raises after max_bad_steps
+        return skipped
+
+    def _decide(self, step: int, norm: float, loss_value: float) -> bool:
         if math.isfinite(norm) and math.isfinite(loss_value):
             self.in_a_row, self.first_bad = 0, None
             return True

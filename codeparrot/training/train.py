@@ -162,7 +162,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     config_dict = redact(to_dict(cfg))
     start_trackers(accelerator, cfg.logging.trackers, cfg.logging.project, config_dict, run_dir, cfg.run_name)
     pusher = make_pusher(cfg) if main else None
-    guard = NonFiniteGuard(accelerator, cfg.max_bad_steps, rank, accum, cfg.data.train, train_loader, metrics)
+    guard = NonFiniteGuard(accelerator, cfg.max_bad_steps, rank, accum, cfg.data.train, train_loader, metrics,
+                           optimizer)
 
     flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
@@ -200,10 +201,11 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         assert accelerator.sync_gradients, "the last micro-step of an optimizer step must synchronize gradients"
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]  # the rate this step uses (a Python float: no device sync)
-        if guard.check(step + 1, grad_norm, step_loss):  # a non-finite step is skipped (training/nonfinite.py)
+        keep = guard.check(step + 1, grad_norm, step_loss)  # a non-finite step is skipped (training/nonfinite.py)
+        if keep is not False:  # True, or (fused AdamW) a device flag the kernel itself skips on: no host sync
             optimizer.step()
-            loss_sum += step_loss
-            micro_steps += accum
+            loss_sum += step_loss if keep is True else torch.where(keep, step_loss, torch.zeros_like(step_loss))
+            micro_steps += accum  # device mode: the skipped ones are taken off at the log step (guard.flush)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
@@ -214,6 +216,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             profiler = None
 
         if step % cfg.logging.log_steps == 0 or step == cfg.max_steps:
+            micro_steps -= accum * guard.flush()  # device mode: the window's skipped steps, read now
             loss_mean = accelerator.reduce(loss_sum / micro_steps, reduction="mean").item()  # one sync per log
             elapsed = time.perf_counter() - clock
             tokens_per_s = clock_steps * tokens_per_step / elapsed
@@ -246,6 +249,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             clock, clock_steps = time.perf_counter(), 0
             watchdog.beat(step)
         if is_last or (cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0):
+            guard.flush()  # device mode: a run of bad steps stops here at the latest
             check_finite_weights(accelerator, model, step)  # never a checkpoint, push or final model with NaN/inf
             result.last_checkpoint = save_checkpoint(
                 accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),

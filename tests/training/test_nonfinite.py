@@ -90,12 +90,14 @@ def _two_processes() -> list[str]:
             "--mixed_precision", "no", "--main_process_port", str(port)]
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_a_non_finite_step_is_skipped_and_the_run_goes_on(toy, tmp_path, repo_root, scripts_env, processes):
-    # step 3 of 4 (one micro-batch per step) gets a NaN loss on the last rank only: every rank must skip it
+@pytest.mark.parametrize("processes,fused", [(1, False), (2, False), (1, True), (2, True)],
+                         ids=["1-process", "2-processes", "1-process-fused", "2-processes-fused"])
+def test_a_non_finite_step_is_skipped_and_the_run_goes_on(toy, tmp_path, repo_root, scripts_env, processes, fused):
+    # step 3 of 4 (one micro-batch per step) gets a NaN loss on the last rank only: every rank must skip it.
+    # fused: the CUDA default optimizer, where the skip is decided on the device (no host sync per step)
     launcher = [sys.executable] if processes == 1 else _two_processes()
     done, run_dir = _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls=[3], rank=processes - 1,
-                                  launcher=launcher)
+                                  launcher=launcher, **{"optim.fused": fused})
     assert done.returncode == 0, done.stdout + done.stderr
     ckpt = run_dir / "checkpoints"
     w2, w3, w4 = (_weights(ckpt / f"step-{s}") for s in (2, 3, 4))
@@ -114,9 +116,11 @@ def test_a_non_finite_step_is_skipped_and_the_run_goes_on(toy, tmp_path, repo_ro
     assert "update skipped" in (run_dir / "logs" / f"rank-{processes - 1}.log").read_text()
 
 
-def test_max_bad_steps_in_a_row_stop_the_run_naming_the_first(toy, tmp_path, repo_root, scripts_env):
+@pytest.mark.parametrize("fused", [False, True], ids=["host", "fused"])
+def test_max_bad_steps_in_a_row_stop_the_run_naming_the_first(toy, tmp_path, repo_root, scripts_env, fused):
     done, run_dir = _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls=[2, 3, 4, 5], rank=0,
-                                  launcher=[sys.executable], max_steps=10, max_bad_steps=3)
+                                  launcher=[sys.executable], max_steps=10, max_bad_steps=3,
+                                  **{"optim.fused": fused})
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
     assert done.returncode == 2, done.stdout + done.stderr
     assert len(lines) == 1 and "3 steps in a row had a non-finite loss or gradient norm" in lines[0], lines
