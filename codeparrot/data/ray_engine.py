@@ -31,6 +31,7 @@ so a node's own working directory never matters.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -51,7 +52,8 @@ from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
 from codeparrot.data.record_work import ChunkWorker, count_decisions
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
-from codeparrot.data.ray_read import LINE_BITS, Locations, good_rows, read_unit, read_units, replay_bad
+from codeparrot.data.exact_dedup import first_ids
+from codeparrot.data.ray_read import Locations, parse_rows, read_unit, read_units, replay_bad
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
 from codeparrot.errors import CodeParrotError
@@ -122,41 +124,60 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
     })
 
 
-def _select_ids(table, ids_box: list):
-    """Rows whose id is in the shared sorted id array."""
-    ids = _shared(ids_box)
-    mine = table["id"].to_numpy()
+def _rows_with_ids(block, ids: np.ndarray):
+    """The rows of `block` whose id is in the sorted array `ids`."""
+    mine = block["id"].to_numpy()
     pos = np.minimum(np.searchsorted(ids, mine), max(len(ids) - 1, 0))
-    return table.filter(ids[pos] == mine) if len(ids) else table.slice(0, 0)
+    return block.filter(ids[pos] == mine) if len(ids) else block.slice(0, 0)
 
 
-def _tag_shards(table, splits_box: list, samples_per_file: int):
-    """Kept rows with their shard key: split index << 40 | shard number (1-based), from the driver's id lists."""
+def _member_fields(block, ids: np.ndarray) -> dict[int, tuple]:
+    """id -> (repo_name, path) of the near-duplicate cluster members (sorted `ids`) in one block: what the
+    driver prints about them, never the files themselves."""
+    found = _rows_with_ids(block, ids)
+    return {int(i): member_fields(raw) for i, raw in zip(found["id"].to_pylist(), found["raw"].to_pylist())}
+
+
+@functools.cache
+def _task(fn):
+    """`fn` as a Ray task of `_WORK_CPUS` CPUs (made when first used: ray is imported only by `start_ray`)."""
+    import ray
+
+    return ray.remote(num_cpus=_WORK_CPUS)(fn)
+
+
+def _block_summary(block) -> dict:
+    """What the driver needs of one block of filter/MinHash results: counts by reason, CPU seconds per stage,
+    and the kept files' numbers (no text, no signature)."""
+    reasons = block["reason"].to_numpy(zero_copy_only=False)
+    kept = reasons == ""
+    found, counts = np.unique(reasons[~kept], return_counts=True)
+    return {"reasons": dict(zip(found.tolist(), counts.tolist())),
+            "cpu": {stage: float(np.sum(block[f"cpu_{stage}"].to_numpy())) for stage in
+                    ("filters", "decontaminate", "minhash")},
+            "kept": {c: block[c].to_numpy()[kept] for c in ("id", "digest", "nbytes", "has_sig")}}
+
+
+def _block_signatures(block, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept ids, their signatures uint32[kept, num_perm]) of one block."""
+    import pyarrow.compute as pc
+
+    block = block.filter(np.asarray(block["reason"].to_numpy(zero_copy_only=False)) == "")
+    return block["id"].to_numpy(), pc.list_flatten(block["sig"]).to_numpy().reshape(len(block), num_perm)
+
+
+def _write_shard(folder: str, number: int, ids: np.ndarray, compression_level: int, *blocks) -> ShardInfo:
+    """Write shard `number` of a split: the rows with the (sorted) `ids`, gathered from the blocks that hold
+    them, in id order, with ShardWriter; then rename it into place (a retried task writes the same bytes)."""
     import pyarrow as pa
 
-    kept_by_split = _shared(splits_box)
-    ids = table["id"].to_numpy()
-    key = np.full(len(ids), -1, dtype=np.int64)
-    for s, split_ids in enumerate(kept_by_split):
-        if not len(split_ids):
-            continue
-        pos = np.minimum(np.searchsorted(split_ids, ids), len(split_ids) - 1)
-        hit = split_ids[pos] == ids
-        key[hit] = (s << LINE_BITS) + pos[hit] // samples_per_file + 1
-    keep = key >= 0
-    return pa.table({"id": table["id"].filter(keep), "raw": table["raw"].filter(keep), "shard": key[keep]})
-
-
-def _write_shard(table, out: str, samples_per_file: int, compression_level: int):
-    """Write one whole shard (all its rows, sorted by id) with ShardWriter, then rename it into place."""
-    import pyarrow as pa
-
-    key = int(table["shard"][0].as_py())
-    split, number = SPLITS[key >> LINE_BITS], key & ((1 << LINE_BITS) - 1)
+    table = pa.concat_tables([_rows_with_ids(block.select(["id", "raw"]), ids) for block in blocks])
     order = np.argsort(table["id"].to_numpy(), kind="stable")
-    part = Path(out) / split / f".part-{number}-{uuid.uuid4().hex}"  # private to this attempt
+    if len(order) != len(ids):
+        raise CodeParrotError(f"ray engine: shard {number} of {folder} found {len(order)} of its {len(ids)} rows")
+    part = Path(folder) / f".part-{number}-{uuid.uuid4().hex}"  # private to this attempt
     part.mkdir()  # not its parents: an output folder this node does not see fails here, not on a private disk
-    writer = ShardWriter(part, samples_per_file, compression_level)
+    writer = ShardWriter(part, len(ids), compression_level)
     try:
         raws = table["raw"].to_pylist()
         for i in order.tolist():
@@ -166,9 +187,10 @@ def _write_shard(table, out: str, samples_per_file: int, compression_level: int)
     except BaseException:
         writer.abort()
         raise
-    os.replace(part / info.name, Path(out) / split / SHARD_PATTERN.format(index=number))  # same bytes if retried
+    name = SHARD_PATTERN.format(index=number)
+    os.replace(part / info.name, Path(folder) / name)
     shutil.rmtree(part, ignore_errors=True)
-    return pa.table({"shard": [key], "rows": [info.rows], "nbytes": [info.nbytes]})
+    return info._replace(name=name)
 
 
 # --- driver ------------------------------------------------------------------------------------------------
@@ -218,43 +240,49 @@ def run(job: EngineJob) -> EngineOutput:
 def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path,
          start: float) -> EngineOutput:
     import ray
-    from ray.data.aggregate import Min
 
     rd = _ray_data(cfg)
     totals, bad = Totals(), BadRecords(strict=cfg.strict)
     units = read_units(paths)  # input files and Hub split shards, in input order (see `ray_read`)
-    records = rd.from_items(units, override_num_blocks=len(units)).map_batches(
-        read_unit, batch_size=1, batch_format="numpy", fn_kwargs={"text_column": cfg.text_column})
+    lines = rd.from_items(units, override_num_blocks=len(units)).map_batches(read_unit, batch_size=1,
+                                                                              batch_format="numpy")
+    # Parsing in tasks of their own, streamed from the read: one large input file is decompressed by one task
+    # while the others parse (and hash) its lines.
+    records = lines.map_batches(parse_rows, batch_size=None, batch_format="pyarrow",
+                                fn_kwargs={"text_column": cfg.text_column})
     if cfg.ray_blocks:
         records = records.repartition(cfg.ray_blocks)
     records = _one_line_errors(records.materialize)
     # Bad lines: replayed through the local policy in input order (same counts, first examples, --strict error).
-    locate = replay_bad(records, paths, units, bad, totals)
-    good = records.map_batches(good_rows, batch_format="pyarrow")
+    t = time.perf_counter()
+    locate, ids, digests = replay_bad(records, paths, units, bad, totals)
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
 
-    # Exact dedup: shuffle (digest, id) only; the smallest id (first in input order) of each digest wins.
-    t = time.perf_counter()
-    firsts = good.select_columns(["digest", "id"]).groupby("digest").aggregate(Min("id", alias_name="first"))
-    winners = np.sort(firsts.to_pandas()["first"].to_numpy(dtype=np.int64))
+    # Exact dedup (driver, from the 16 bytes per record it already reads): the smallest id (first in input
+    # order) of each digest wins.
+    winners = first_ids(digests, ids)
+    del ids, digests
     totals.exact_duplicates = totals.valid_records - len(winners)
     totals.seconds["exact_dedup"] = time.perf_counter() - t
 
     marker = os.environ.get(FAULT_MARKER_ENV)
-    work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
+    work = records.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
                             fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm,
                                        "fault_marker": marker}).materialize()
 
-    # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature).
-    kept_parts = []
-    for b in work.select_columns(["id", "digest", "nbytes", "reason", "has_sig", "cpu_filters",
-                                  "cpu_decontaminate", "cpu_minhash"]).iter_batches(batch_format="pandas"):
+    # Decisions of the winners, block by block: counts by reason, and the kept files' (id, digest, size, has
+    # signature). The blocks stay where they are; each block's kept id range tells the shard tasks where to look.
+    blocks = work.to_arrow_refs()
+    kept_parts, ranges = [], []
+    for summary in ray.get([_task(_block_summary).remote(block) for block in blocks]):
         for stage in ("filters", "decontaminate", "minhash"):
-            totals.seconds[stage] += float(b[f"cpu_{stage}"].sum())
-        count_decisions(totals, ((reason, int(count)) for reason, count in b["reason"].value_counts().items()))
-        kept_parts.append(b[b["reason"] == ""][["id", "digest", "nbytes", "has_sig"]])
+            totals.seconds[stage] += summary["cpu"][stage]
+        count_decisions(totals, summary["reasons"].items())
+        kept_parts.append(summary["kept"])
+        ids = summary["kept"]["id"]
+        ranges.append((int(ids.min()), int(ids.max())) if len(ids) else (1, 0))
     kept = _concat_sorted(kept_parts)
     totals.files["filters"] = len(winners)
     totals.files["decontaminate"] = len(winners) - sum(totals.filtered.values())
@@ -267,7 +295,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     clusters = None
     if cfg.near_dedup:
         t = time.perf_counter()
-        clusters = _near_dedup(cfg, work, kept, drop, locate, tmp, totals)
+        clusters = _near_dedup(cfg, blocks, ranges, kept, drop, locate, tmp, totals)
         totals.seconds["pass2"] = time.perf_counter() - t
         totals.files["pass2"] = totals.files["clustering"]
 
@@ -280,15 +308,15 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
         (tmp / split).mkdir(exist_ok=True)  # an empty split is an empty folder, never a missing one
     t = time.perf_counter()
     infos: dict[str, list[ShardInfo]] = {split: [] for split in SPLITS}  # as the shard tasks reported them
-    if len(by_split[0]) + len(by_split[1]):
-        tagged = work.map_batches(_tag_shards, batch_format="pyarrow", fn_kwargs={
-            "splits_box": [ray.put(by_split)], "samples_per_file": cfg.samples_per_file})
-        written = tagged.groupby("shard").map_groups(_write_shard, batch_format="pyarrow", fn_kwargs={
-            "out": str(tmp), "samples_per_file": cfg.samples_per_file, "compression_level": cfg.compression_level})
-        reports = _one_line_errors(written.to_pandas).sort_values("shard")
-        for key, rows, nbytes in zip(*(reports[c].tolist() for c in ("shard", "rows", "nbytes"))):
-            infos[SPLITS[key >> LINE_BITS]].append(ShardInfo(SHARD_PATTERN.format(index=key & ((1 << LINE_BITS) - 1)),
-                                                             rows, nbytes))
+    pending = []  # (split, shard task), in shard order
+    for split, split_ids in zip(SPLITS, by_split):
+        for first in range(0, len(split_ids), cfg.samples_per_file):
+            mine = split_ids[first:first + cfg.samples_per_file]  # sorted: the shard's rows in input order
+            where = [b for b, (lo, hi) in zip(blocks, ranges) if lo <= mine[-1] and hi >= mine[0]]
+            pending.append((split, _task(_write_shard).remote(str(tmp / split), first // cfg.samples_per_file + 1, mine,
+                                                       cfg.compression_level, *where)))
+    for (split, _), info in zip(pending, _one_line_errors(lambda: ray.get([task for _, task in pending]))):
+        infos[split].append(info)
     totals.seconds["write"] = time.perf_counter() - t
     shards = {}
     for split in SPLITS:
@@ -305,22 +333,18 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     return EngineOutput(stats, infos)
 
 
-def _concat_sorted(parts: list) -> dict[str, np.ndarray]:
-    """The kept files' columns as numpy arrays sorted by id (input order)."""
-    import pandas as pd
-
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        {"id": [], "digest": [], "nbytes": [], "has_sig": []})
-    frame = frame.sort_values("id", kind="stable")
-    return {"id": frame["id"].to_numpy(np.int64), "digest": frame["digest"].to_numpy(np.uint64),
-            "nbytes": frame["nbytes"].to_numpy(np.int64), "has_sig": frame["has_sig"].to_numpy(bool)}
+def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The kept files' columns (per block) as numpy arrays sorted by id (input order)."""
+    types = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool}
+    columns = {c: np.concatenate([p[c] for p in parts]).astype(t) if parts else np.zeros(0, t) for c, t in types.items()}
+    order = np.argsort(columns["id"], kind="stable")
+    return {c: v[order] for c, v in columns.items()}
 
 
-def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locate: Locations, tmp: Path,
-                totals: Totals) -> dict:
+def _near_dedup(cfg: PreprocessConfig, blocks: list, ranges: list[tuple[int, int]], kept: dict, drop: np.ndarray,
+                locate: Locations, tmp: Path, totals: Totals) -> dict:
     """Cluster the kept files as the local engine does (same rows, same order, same `find_clusters`); marks
-    `drop` and returns the content of `duplicate_clusters.json`."""
-    import pyarrow.compute as pc
+    `drop` and returns the content of `duplicate_clusters.json`. `ranges`: each block's kept id range."""
     import ray
 
     ids, n = kept["id"], len(kept["id"])
@@ -329,11 +353,9 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locat
     if n:
         sig_path = tmp / ".signatures.u32"
         sigs = np.lib.format.open_memmap(sig_path, mode="w+", dtype=np.uint32, shape=(n, cfg.num_perm))
-        for b in work.select_columns(["id", "reason", "sig"]).iter_batches(batch_format="pyarrow"):
-            b = b.filter(np.asarray(b["reason"].to_numpy(zero_copy_only=False)) == "")
-            if len(b):
-                rows = np.searchsorted(ids, b["id"].to_numpy())
-                sigs[rows] = pc.list_flatten(b["sig"]).to_numpy().reshape(len(b), cfg.num_perm)
+        for block in blocks:  # one block's signatures on the driver at a time
+            block_ids, block_sigs = ray.get(_task(_block_signatures).remote(block, cfg.num_perm))
+            sigs[np.searchsorted(ids, block_ids)] = block_sigs
         sigs.flush()
         clusters = find_clusters(sigs, cfg.jaccard_threshold, kept["has_sig"])
         del sigs
@@ -345,10 +367,12 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locat
     rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, dtype=np.int64)
     members: dict[int, dict] = {}
     if len(rows):
-        found = work.map_batches(_select_ids, batch_format="pyarrow", fn_kwargs={"ids_box": [ray.put(ids[rows])]})
-        raw_by_id = {int(i): r for i, r in zip(*(found.select_columns(["id", "raw"]).to_pandas()[c]
-                                                   for c in ("id", "raw")))}
+        wanted, fields = ids[rows], {}
+        for block, (lo, hi) in zip(blocks, ranges):
+            mine = wanted[(wanted >= lo) & (wanted <= hi)]
+            if len(mine):
+                fields.update(ray.get(_task(_member_fields).remote(block, mine)))
         for row in rows.tolist():
             rid = int(ids[row])
-            members[row] = member_entry(member_fields(raw_by_id[rid]), str(locate(rid)), not drop[row])
+            members[row] = member_entry(fields[rid], str(locate(rid)), not drop[row])
     return clusters_report(cfg, clusters, drop, members)

@@ -73,6 +73,8 @@ class Cluster:
         # that looks like the others' but is not shared storage.
         script = "\n".join([
             "set -e", "ip link set lo up",
+            # a dead node is noticed after ~2 s, not Ray's default ~30 s (the node-kill test waits for it)
+            "export RAY_health_check_period_ms=500 RAY_health_check_timeout_ms=500 RAY_health_check_failure_threshold=3",
             f"cd {root / 'head'} && {start} --head --port {PORT} --include-dashboard false > head.log 2>&1",
             f"cd {root / 'worker'} && unshare -m sh -c 'mount -t tmpfs tmpfs {root / 'private'} && "
             f"{start} --address 127.0.0.1:{PORT} > worker.log 2>&1'",

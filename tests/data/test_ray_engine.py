@@ -251,13 +251,13 @@ def test_ray_filter_tasks_cap_the_tokenizer_thread_pool(inputs, tmp_path, ray_se
 
     from codeparrot.data.record_work import ChunkWorker
     from codeparrot.data.ray_engine import _WORK_CPUS, _work
-    from codeparrot.data.ray_read import good_rows, read_unit
+    from codeparrot.data.ray_read import good_rows, parse_rows, read_unit
 
     code_tokenizer.save_pretrained(tmp_path / "tok")
     cfg = _cfg(inputs, tmp_path / "out", "ray", tokenizer=str(tmp_path / "tok"))
     batch = {"unit": [0], "path": [str(inputs[0])], "dataset_id": [""], "split": [""], "revision": [""],
              "shard": [0], "num_shards": [1]}
-    table = good_rows(pa.concat_tables(list(read_unit(batch, "content"))))
+    table = good_rows(parse_rows(pa.concat_tables(list(read_unit(batch))), "content"))
     winners = np.sort(table["id"].to_numpy())
 
     @ray.remote(num_cpus=_WORK_CPUS)
