@@ -1,28 +1,32 @@
-"""`preprocess.py --engine ray`: the same pipeline as `codeparrot.data.preprocess`, scheduled by Ray Data.
+"""`preprocess.py --engine ray`: the same pipeline as the local engine (`codeparrot.data.local_engine`), scheduled
+by Ray; both implement `codeparrot.data.engine`'s interface.
 
-Only the scheduler differs (`codeparrot.data.engine` is the interface both engines implement): every per-record
-decision is made by the local engine's own functions (the record reader and bad-line policy of `records`,
-`strip_whitespace`/`digest_of_stripped`, `record_work.ChunkWorker` for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`,
+Only the scheduler differs: every per-record decision is made by the local engine's own functions (the record
+reader and bad-line policy of `records`, `strip_whitespace`/`digest_of_stripped`, `record_work.ChunkWorker` for
+the filters, decontamination and MinHash, `lsh.find_clusters`, `cluster_report`, `shards.ShardWriter`,
 `preprocess_stats.build_stats`), so the output is byte for byte the local engine's whatever the number of
-blocks, workers or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
+blocks, workers, nodes or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
 `ray_read`), and every "first wins" rule is "smallest id wins", which is input order.
 
-Stages (Ray Data operators; the driver only sees fixed-size per-record numbers, never texts):
-1. read (map, one task per input file or Hub split shard, `ray_read`): (id, digest, UTF-8 size, text, raw line)
-   per valid record, and one row per bad line or damaged file with its reason; materialized once (the object
-   store spills to disk).
-2. exact dedup (group-by): `groupby(digest).min(id)` over the (digest, id) columns only; the winning ids
-   (8 bytes per unique file) go to the driver and back to the workers as one shared object.
-3. filters + decontamination + MinHash (map over the winners): `ChunkWorker`, as in the local pool.
-4. near dedup (driver): the kept files' signatures are streamed into a memory-mapped file in id order (the
-   local spool's row order) and clustered by `find_clusters`, the local engine's vectorized union-find.
-5. shards (group-by): the driver assigns each kept id its split and shard (`samples_per_file` consecutive
-   kept ids per shard), a group-by on the shard number gathers each shard's rows in one task, which sorts them
-   by id and writes them with `ShardWriter`; a retried task rewrites the same bytes and renames them into place.
+Stages (the driver only sees fixed-size per-record numbers, never file contents; no group-by shuffle):
+1. read (Ray Data, one task per input file or Hub split shard, `ray_read`) streaming lines to parse tasks:
+   (id, digest, UTF-8 size, text, raw line) per valid record, one row per bad line or damaged file with its
+   reason; materialized once (the object store spills to disk).
+2. exact dedup (driver): the (id, digest) of every valid record, 16 bytes each, read once with the bad lines;
+   the smallest id of each digest wins (`exact_dedup.first_ids`); the winners go to the workers as one object.
+3. filters + decontamination + MinHash (Ray Data map over the winners): `ChunkWorker`, as in the local pool.
+   Its output blocks stay in the object store; a task per block returns the counts and the kept files' numbers.
+4. near dedup (driver): the kept files' signatures, one block at a time, into a memory-mapped file in id order
+   (the local spool's row order), clustered by `find_clusters`; a cluster member's repo_name and path are read
+   by a task on the block that holds it.
+5. shards (a task per shard): the driver assigns each kept id its split and shard (`samples_per_file`
+   consecutive kept ids per shard); the shard's task gets those ids and the blocks whose kept id range overlaps
+   them, sorts its rows by id and writes them with `ShardWriter`, then renames the file into place (a retried
+   task rewrites the same bytes) and reports its rows and size, which the caller checks on disk.
 
-Driver memory per input file: 8 bytes (winning id) + per survivor 8 (id) + 8 (digest) + 8 (size) + 1 (has a
-signature) bytes, plus the LSH index while clustering (about 90 bytes per survivor, see `codeparrot.data.lsh`);
-signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
+Driver memory: about 170 bytes per input file at most (measured, `codeparrot.tools.benchmarks.ray_driver`: ids
+and digests for exact dedup, the kept files' numbers, the LSH index, the cluster members' entries); signatures
+(4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
 
 Where Ray runs (a private loopback-only Ray, or a joined cluster checked node by node before any work):
 `codeparrot.data.ray_cluster`. Every path a task opens is absolute (`codeparrot.data.preprocess` resolves them),
