@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -26,7 +27,10 @@ import pytest
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
 from codeparrot.data.ray_engine import FAULT_MARKER_ENV
 
-pytest.importorskip("ray.data", reason="Ray Data is not installed: pip install 'codeparrot[distributed]'")
+# find_spec, not an import: ray must be first imported after the private-Ray loopback settings (conftest's
+# `ray_session`), and the cluster here is driven by subprocesses only
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("ray is not installed: pip install 'codeparrot[distributed]'", allow_module_level=True)
 
 RAY_CLI = Path(sys.executable).with_name("ray")
 PORT = 6379  # the head's GCS port inside the private namespace (no other process can hold it there)
