@@ -66,6 +66,7 @@ SPLITS = ("train", "valid")
 # CPUs per filter/MinHash task (Ray's default, stated): the tokenizer's Rust pool in that task gets as many
 # threads, so N concurrent tasks on a node never run N x all-core pools (as `preprocess._init_worker`).
 _WORK_CPUS = 1
+_READ_TASK_MEMORY = 64 << 20  # bytes reserved per read task (Ray's logical memory resource)
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
 
 
@@ -248,10 +249,11 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     rd = _ray_data(cfg)
     totals, bad = Totals(), BadRecords(strict=cfg.strict)
     units = read_units(paths)  # input files and Hub split shards, in input order (see `ray_read`)
-    lines = rd.from_items(units, override_num_blocks=len(units)).map_batches(read_unit, batch_size=1,
-                                                                              batch_format="numpy")
-    # Parsing in tasks of their own, streamed from the read: one large input file is decompressed by one task
-    # while the others parse (and hash) its lines.
+    # The read reserves a little memory (what one block of lines needs) so that its resources differ from the
+    # parse tasks': Ray Data would otherwise fuse the two maps into one task, and one large input file would be
+    # decompressed, parsed and hashed on one core. Apart, the parse tasks work on other cores as lines stream in.
+    lines = rd.from_items(units, override_num_blocks=len(units)).map_batches(
+        read_unit, batch_size=1, batch_format="numpy", memory=_READ_TASK_MEMORY)
     records = lines.map_batches(parse_rows, batch_size=None, batch_format="pyarrow",
                                 fn_kwargs={"text_column": cfg.text_column})
     if cfg.ray_blocks:
@@ -272,9 +274,10 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     totals.seconds["exact_dedup"] = time.perf_counter() - t
 
     marker = os.environ.get(FAULT_MARKER_ENV)
+    # bad lines never match a winner's id: `_work` drops them with the exact duplicates
     work = records.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
-                            fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm,
-                                       "fault_marker": marker}).materialize()
+                               fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)],
+                                          "num_perm": cfg.num_perm, "fault_marker": marker}).materialize()
 
     # Decisions of the winners, block by block: counts by reason, and the kept files' (id, digest, size, has
     # signature). The blocks stay where they are; each block's kept id range tells the shard tasks where to look.
@@ -317,8 +320,9 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
         for first in range(0, len(split_ids), cfg.samples_per_file):
             mine = split_ids[first:first + cfg.samples_per_file]  # sorted: the shard's rows in input order
             where = [b for b, (lo, hi) in zip(blocks, ranges) if lo <= mine[-1] and hi >= mine[0]]
-            pending.append((split, _task(_write_shard).remote(str(tmp / split), first // cfg.samples_per_file + 1, mine,
-                                                       cfg.compression_level, *where)))
+            number = first // cfg.samples_per_file + 1
+            pending.append((split, _task(_write_shard).remote(str(tmp / split), number, mine, cfg.compression_level,
+                                                              *where)))
     for (split, _), info in zip(pending, _one_line_errors(lambda: ray.get([task for _, task in pending]))):
         infos[split].append(info)
     totals.seconds["write"] = time.perf_counter() - t

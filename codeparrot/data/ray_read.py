@@ -23,7 +23,7 @@ from codeparrot.data.preprocess_stats import Totals, utf8_len
 from codeparrot.data.records import BadRecords, Location, iter_lines, parse_line
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
-_ROWS_PER_READ_BATCH = 2048  # lines per block emitted by a read task (bounded task memory)
+_ROWS_PER_READ_BATCH = 512  # lines per block emitted by a read task (bounded task memory)
 
 
 def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
