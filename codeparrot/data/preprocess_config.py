@@ -70,8 +70,10 @@ class PreprocessConfig:
     engine: Literal["local", "ray"] = doc("local", "where the work runs: local (a process pool on this machine) or ray "
                                           "(Ray Data, pip install codeparrot[distributed]); the output is identical")
     ray_address: str | None = doc(None, "with --engine ray: join this Ray cluster (e.g. 10.0.0.1:6379 or auto) instead "
-                                  "of starting a local Ray with --num-workers CPUs; --output-dir must then be on "
-                                  "storage every node can write", metavar="ADDR")
+                                  "of starting a private loopback-only Ray with --num-workers CPUs (`local` also "
+                                  "starts one); the inputs, --tokenizer and --output-dir must then be on storage "
+                                  "every node mounts at the same path (checked on every node before any work)",
+                                  metavar="ADDR")
     ray_blocks: int | None = doc(None, "with --engine ray: split the records into this many Ray blocks (default: "
                                  "Ray's own blocking); the output is identical for every value", cli=False)
     stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "

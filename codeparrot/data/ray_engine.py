@@ -1,43 +1,45 @@
-"""`preprocess.py --engine ray`: the same pipeline as `codeparrot.data.preprocess`, scheduled by Ray Data.
+"""`preprocess.py --engine ray`: the same pipeline as the local engine (`codeparrot.data.local_engine`), scheduled
+by Ray; both implement `codeparrot.data.engine`'s interface.
 
 Only the scheduler differs: every per-record decision is made by the local engine's own functions (the record
-reader and bad-line policy of `records`, `strip_whitespace`/`digest_of_stripped`, `preprocess.ChunkWorker`
-for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`,
+reader and bad-line policy of `records`, `strip_whitespace`/`digest_of_stripped`, `record_work.ChunkWorker` for
+the filters, decontamination and MinHash, `lsh.find_clusters`, `cluster_report`, `shards.ShardWriter`,
 `preprocess_stats.build_stats`), so the output is byte for byte the local engine's whatever the number of
-blocks, workers or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
+blocks, workers, nodes or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
 `ray_read`), and every "first wins" rule is "smallest id wins", which is input order.
 
-Stages (Ray Data operators; the driver only sees fixed-size per-record numbers, never texts):
-1. read (map, one task per input file or Hub split shard, `ray_read`): (id, digest, UTF-8 size, text, raw line)
-   per valid record, and one row per bad line or damaged file with its reason; materialized once (the object
-   store spills to disk).
-2. exact dedup (group-by): `groupby(digest).min(id)` over the (digest, id) columns only; the winning ids
-   (8 bytes per unique file) go to the driver and back to the workers as one shared object.
-3. filters + decontamination + MinHash (map over the winners): `ChunkWorker`, as in the local pool.
-4. near dedup (driver): the kept files' signatures are streamed into a memory-mapped file in id order (the
-   local spool's row order) and clustered by `find_clusters`, the local engine's vectorized union-find.
-5. shards (group-by): the driver assigns each kept id its split and shard (`samples_per_file` consecutive
-   kept ids per shard), a group-by on the shard number gathers each shard's rows in one task, which sorts them
-   by id and writes them with `ShardWriter`; a retried task rewrites the same bytes and renames them into place.
+Stages (the driver only sees fixed-size per-record numbers, never file contents; no group-by shuffle):
+1. read (Ray Data, one task per input file or Hub split shard, `ray_read`) streaming lines to parse tasks:
+   (id, digest, UTF-8 size, text, raw line) per valid record, one row per bad line or damaged file with its
+   reason; materialized once (the object store spills to disk).
+2. exact dedup (driver): the (id, digest) of every valid record, 16 bytes each, read once with the bad lines;
+   the smallest id of each digest wins (`exact_dedup.first_ids`); the winners go to the workers as one object.
+3. filters + decontamination + MinHash (Ray Data map over the winners): `ChunkWorker`, as in the local pool.
+   Its output blocks stay in the object store; a task per block returns the counts and the kept files' numbers.
+4. near dedup (driver): the kept files' signatures, one block at a time, into a memory-mapped file in id order
+   (the local spool's row order), clustered by `find_clusters`; a cluster member's repo_name and path are read
+   by a task on the block that holds it.
+5. shards (a task per shard): the driver assigns each kept id its split and shard (`samples_per_file`
+   consecutive kept ids per shard); the shard's task gets those ids and the blocks whose kept id range overlaps
+   them, sorts its rows by id and writes them with `ShardWriter`, then renames the file into place (a retried
+   task rewrites the same bytes) and reports its rows and size, which the caller checks on disk.
 
-Driver memory per input file: 8 bytes (winning id) + per survivor 8 (id) + 8 (digest) + 8 (size) + 1 (has a
-signature) bytes, plus the LSH index while clustering (about 90 bytes per survivor, see `codeparrot.data.lsh`);
-signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
+Driver memory: about 170 bytes per input file at most (measured, `codeparrot.tools.benchmarks.ray_driver`: ids
+and digests for exact dedup, the kept files' numbers, the LSH index, the cluster members' entries); signatures
+(4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
 
-Ray stays where it is told: without `--ray-address` a private local Ray is started with `--num-workers` CPUs,
-no dashboard and no usage statistics, every server of it (GCS, raylet, workers, runtime-env agent) listening on
-127.0.0.1 only, and shut down at the end; a Ray already initialized in this process (tests) is used as is.
+Where Ray runs (a private loopback-only Ray, or a joined cluster checked node by node before any work):
+`codeparrot.data.ray_cluster`. Every path a task opens is absolute (`codeparrot.data.preprocess` resolves them),
+so a node's own working directory never matters.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
+import functools
 import math
 import os
 import shutil
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -45,61 +47,27 @@ from typing import Any
 
 import numpy as np
 
-from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.atomic_io import atomic_write_json
+from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
+from codeparrot.data.engine import EngineJob, EngineOutput
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import find_clusters
-from codeparrot.data.preprocess import DECONTAMINATED, ChunkWorker, PreprocessConfig
+from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
-from codeparrot.data.ray_read import LINE_BITS, Locations, good_rows, read_unit, read_units, replay_bad
+from codeparrot.data.record_work import ChunkWorker, count_decisions
+from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
+from codeparrot.data.exact_dedup import first_ids
+from codeparrot.data.ray_read import Locations, parse_rows, read_unit, read_units, replay_bad
 from codeparrot.data.records import BadRecords
-from codeparrot.data.shards import SHARD_PATTERN, ShardWriter
+from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
 from codeparrot.errors import CodeParrotError
 
 SPLITS = ("train", "valid")
 # CPUs per filter/MinHash task (Ray's default, stated): the tokenizer's Rust pool in that task gets as many
 # threads, so N concurrent tasks on a node never run N x all-core pools (as `preprocess._init_worker`).
 _WORK_CPUS = 1
+_READ_TASK_MEMORY = 64 << 20  # bytes reserved per read task (Ray's logical memory resource)
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
-
-
-# Ray reads these when it is imported. A single-node Ray normally advertises the machine's outward address
-# (127.0.0.1 passed as the node address is rewritten to it) and its gRPC servers then listen on every
-# interface. With the "cluster" switch off, the node address is the loopback address and the GCS, raylet and
-# worker servers bind 127.0.0.1 only (checked with `ss -tlnp` in tests/data/test_ray_engine.py).
-LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def start_local_ray(num_cpus: int) -> None:
-    """Start a private, loopback-only Ray in this process: `num_cpus` CPUs, no dashboard, no usage stats.
-    `LOCAL_RAY_ENV` must be in the environment before `ray` is first imported; a Ray whose node came up on
-    another address is shut down again with a one-line error, never used."""
-    if "ray" not in sys.modules:
-        os.environ.update(LOCAL_RAY_ENV)
-    import ray
-
-    ray.init(num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
-    address = ray.util.get_node_ip_address()
-    if not ipaddress.ip_address(address).is_loopback:
-        ray.shutdown()
-        raise CodeParrotError(f"the local Ray came up on {address}, not on loopback: ray was imported before "
-                              f"{' and '.join(f'{k}={v}' for k, v in LOCAL_RAY_ENV.items())} were set")
-
-
-def start_ray(cfg: PreprocessConfig) -> bool:
-    """Connect to `cfg.ray_address` or start a local loopback-only Ray; True if this call started it."""
-    for key, value in (LOCAL_RAY_ENV.items() if not cfg.ray_address else [("RAY_USAGE_STATS_ENABLED", "0")]):
-        os.environ.setdefault(key, value)  # read when ray is first imported: before the import
-    try:
-        import ray
-    except ImportError:
-        raise CodeParrotError("--engine ray needs Ray Data: pip install 'codeparrot[distributed]'") from None
-    if ray.is_initialized():
-        return False
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=False)
-    else:
-        start_local_ray(cfg.num_workers)
-    return True
 
 
 def _ray_data(cfg: PreprocessConfig):
@@ -161,51 +129,73 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
     })
 
 
-def _select_ids(table, ids_box: list):
-    """Rows whose id is in the shared sorted id array."""
-    ids = _shared(ids_box)
-    mine = table["id"].to_numpy()
+def _rows_with_ids(block, ids: np.ndarray):
+    """The rows of `block` whose id is in the sorted array `ids`."""
+    mine = block["id"].to_numpy()
     pos = np.minimum(np.searchsorted(ids, mine), max(len(ids) - 1, 0))
-    return table.filter(ids[pos] == mine) if len(ids) else table.slice(0, 0)
+    return block.filter(ids[pos] == mine) if len(ids) else block.slice(0, 0)
 
 
-def _tag_shards(table, splits_box: list, samples_per_file: int):
-    """Kept rows with their shard key: split index << 40 | shard number (1-based), from the driver's id lists."""
+def _member_fields(block, ids: np.ndarray) -> dict[int, tuple]:
+    """id -> (repo_name, path) of the near-duplicate cluster members (sorted `ids`) in one block: what the
+    driver prints about them, never the files themselves."""
+    found = _rows_with_ids(block, ids)
+    return {int(i): member_fields(raw) for i, raw in zip(found["id"].to_pylist(), found["raw"].to_pylist())}
+
+
+@functools.cache
+def _task(fn):
+    """`fn` as a Ray task of `_WORK_CPUS` CPUs (made when first used: ray is imported only by `start_ray`)."""
+    import ray
+
+    return ray.remote(num_cpus=_WORK_CPUS)(fn)
+
+
+def _block_summary(block) -> dict:
+    """What the driver needs of one block of filter/MinHash results: counts by reason, CPU seconds per stage,
+    and the kept files' numbers (no text, no signature)."""
+    reasons = block["reason"].to_numpy(zero_copy_only=False)
+    kept = reasons == ""
+    found, counts = np.unique(reasons[~kept], return_counts=True)
+    return {"reasons": dict(zip(found.tolist(), counts.tolist())),
+            "cpu": {stage: float(np.sum(block[f"cpu_{stage}"].to_numpy())) for stage in
+                    ("filters", "decontaminate", "minhash")},
+            "kept": {c: block[c].to_numpy()[kept] for c in ("id", "digest", "nbytes", "has_sig")}}
+
+
+def _block_signatures(block, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept ids, their signatures uint32[kept, num_perm]) of one block."""
+    import pyarrow.compute as pc
+
+    block = block.filter(np.asarray(block["reason"].to_numpy(zero_copy_only=False)) == "")
+    return block["id"].to_numpy(), pc.list_flatten(block["sig"]).to_numpy().reshape(len(block), num_perm)
+
+
+def _write_shard(folder: str, number: int, ids: np.ndarray, compression_level: int, *blocks) -> ShardInfo:
+    """Write shard `number` of a split: the rows with the (sorted) `ids`, gathered from the blocks that hold
+    them, in id order, with ShardWriter; then rename it into place (a retried task writes the same bytes)."""
     import pyarrow as pa
 
-    kept_by_split = _shared(splits_box)
-    ids = table["id"].to_numpy()
-    key = np.full(len(ids), -1, dtype=np.int64)
-    for s, split_ids in enumerate(kept_by_split):
-        if not len(split_ids):
-            continue
-        pos = np.minimum(np.searchsorted(split_ids, ids), len(split_ids) - 1)
-        hit = split_ids[pos] == ids
-        key[hit] = (s << LINE_BITS) + pos[hit] // samples_per_file + 1
-    keep = key >= 0
-    return pa.table({"id": table["id"].filter(keep), "raw": table["raw"].filter(keep), "shard": key[keep]})
-
-
-def _write_shard(table, out: str, samples_per_file: int, compression_level: int):
-    """Write one whole shard (all its rows, sorted by id) with ShardWriter, then rename it into place."""
-    import pyarrow as pa
-
-    key = int(table["shard"][0].as_py())
-    split, number = SPLITS[key >> LINE_BITS], key & ((1 << LINE_BITS) - 1)
+    table = pa.concat_tables([_rows_with_ids(block.select(["id", "raw"]), ids) for block in blocks])
     order = np.argsort(table["id"].to_numpy(), kind="stable")
-    part = Path(out) / split / f".part-{number}-{uuid.uuid4().hex}"  # private to this attempt
-    writer = ShardWriter(part, samples_per_file, compression_level)
+    if len(order) != len(ids):
+        raise CodeParrotError(f"ray engine: shard {number} of {folder} found {len(order)} of its {len(ids)} rows")
+    part = Path(folder) / f".part-{number}-{uuid.uuid4().hex}"  # private to this attempt
+    part.mkdir()  # not its parents: an output folder this node does not see fails here, not on a private disk
+    writer = ShardWriter(part, len(ids), compression_level)
     try:
         raws = table["raw"].to_pylist()
         for i in order.tolist():
             writer.write_line(raws[i])
-        (path,) = writer.close()
+        writer.close()
+        (info,) = writer.shard_infos()
     except BaseException:
         writer.abort()
         raise
-    os.replace(path, Path(out) / split / SHARD_PATTERN.format(index=number))  # same bytes if retried
+    name = SHARD_PATTERN.format(index=number)
+    os.replace(part / info.name, Path(folder) / name)
     shutil.rmtree(part, ignore_errors=True)
-    return pa.table({"shard": [key], "rows": [len(table)]})
+    return info._replace(name=name)
 
 
 # --- driver ------------------------------------------------------------------------------------------------
@@ -238,13 +228,13 @@ def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
     return digests < np.uint64(math.ceil(bound))
 
 
-def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, out: Path,
-                      start: float) -> dict[str, Any]:
-    """`preprocess` with Ray Data as the scheduler (see the module docstring); returns the stats."""
-    started = start_ray(cfg)
+def run(job: EngineJob) -> EngineOutput:
+    """The `engine.Engine` of Ray Data (see the module docstring): the output into `job.tmp`."""
+    started = start_ray(job.cfg)
     try:
-        with atomic_dir(out) as tmp:
-            return _run(cfg, paths, worker, tmp, start)
+        if not is_private(job.cfg):
+            check_nodes(job.paths, job.cfg.tokenizer, job.tmp)
+        return _run(job.cfg, job.paths, job.worker, job.tmp, job.start)
     finally:
         if started:
             import ray
@@ -252,49 +242,54 @@ def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path | HubInput], worke
             ray.shutdown()
 
 
-def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path, start: float) -> dict:
+def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path,
+         start: float) -> EngineOutput:
     import ray
-    from ray.data.aggregate import Min
 
     rd = _ray_data(cfg)
     totals, bad = Totals(), BadRecords(strict=cfg.strict)
     units = read_units(paths)  # input files and Hub split shards, in input order (see `ray_read`)
-    records = rd.from_items(units, override_num_blocks=len(units)).map_batches(
-        read_unit, batch_size=1, batch_format="numpy", fn_kwargs={"text_column": cfg.text_column})
+    # The read reserves a little memory (what one block of lines needs) so that its resources differ from the
+    # parse tasks': Ray Data would otherwise fuse the two maps into one task, and one large input file would be
+    # decompressed, parsed and hashed on one core. Apart, the parse tasks work on other cores as lines stream in.
+    lines = rd.from_items(units, override_num_blocks=len(units)).map_batches(
+        read_unit, batch_size=1, batch_format="numpy", memory=_READ_TASK_MEMORY)
+    records = lines.map_batches(parse_rows, batch_size=None, batch_format="pyarrow",
+                                fn_kwargs={"text_column": cfg.text_column})
     if cfg.ray_blocks:
         records = records.repartition(cfg.ray_blocks)
     records = _one_line_errors(records.materialize)
     # Bad lines: replayed through the local policy in input order (same counts, first examples, --strict error).
-    locate = replay_bad(records, paths, units, bad, totals)
-    good = records.map_batches(good_rows, batch_format="pyarrow")
+    t = time.perf_counter()
+    locate, ids, digests = replay_bad(records, paths, units, bad, totals)
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
 
-    # Exact dedup: shuffle (digest, id) only; the smallest id (first in input order) of each digest wins.
-    t = time.perf_counter()
-    firsts = good.select_columns(["digest", "id"]).groupby("digest").aggregate(Min("id", alias_name="first"))
-    winners = np.sort(firsts.to_pandas()["first"].to_numpy(dtype=np.int64))
+    # Exact dedup (driver, from the 16 bytes per record it already reads): the smallest id (first in input
+    # order) of each digest wins.
+    winners = first_ids(digests, ids)
+    del ids, digests
     totals.exact_duplicates = totals.valid_records - len(winners)
     totals.seconds["exact_dedup"] = time.perf_counter() - t
 
     marker = os.environ.get(FAULT_MARKER_ENV)
-    work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
-                            fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm,
-                                       "fault_marker": marker}).materialize()
+    # bad lines never match a winner's id: `_work` drops them with the exact duplicates
+    work = records.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
+                               fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)],
+                                          "num_perm": cfg.num_perm, "fault_marker": marker}).materialize()
 
-    # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature).
-    kept_parts = []
-    for b in work.select_columns(["id", "digest", "nbytes", "reason", "has_sig", "cpu_filters",
-                                  "cpu_decontaminate", "cpu_minhash"]).iter_batches(batch_format="pandas"):
+    # Decisions of the winners, block by block: counts by reason, and the kept files' (id, digest, size, has
+    # signature). The blocks stay where they are; each block's kept id range tells the shard tasks where to look.
+    blocks = work.to_arrow_refs()
+    kept_parts, ranges = [], []
+    for summary in ray.get([_task(_block_summary).remote(block) for block in blocks]):
         for stage in ("filters", "decontaminate", "minhash"):
-            totals.seconds[stage] += float(b[f"cpu_{stage}"].sum())
-        for reason, count in b["reason"].value_counts().items():
-            if reason.startswith(DECONTAMINATED):
-                totals.decontaminated[reason[len(DECONTAMINATED):]] += int(count)
-            elif reason:
-                totals.filtered[reason] += int(count)
-        kept_parts.append(b[b["reason"] == ""][["id", "digest", "nbytes", "has_sig"]])
+            totals.seconds[stage] += summary["cpu"][stage]
+        count_decisions(totals, summary["reasons"].items())
+        kept_parts.append(summary["kept"])
+        ids = summary["kept"]["id"]
+        ranges.append((int(ids.min()), int(ids.max())) if len(ids) else (1, 0))
     kept = _concat_sorted(kept_parts)
     totals.files["filters"] = len(winners)
     totals.files["decontaminate"] = len(winners) - sum(totals.filtered.values())
@@ -307,7 +302,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     clusters = None
     if cfg.near_dedup:
         t = time.perf_counter()
-        clusters = _near_dedup(cfg, work, kept, drop, locate, tmp, totals)
+        clusters = _near_dedup(cfg, blocks, ranges, kept, drop, locate, tmp, totals)
         totals.seconds["pass2"] = time.perf_counter() - t
         totals.files["pass2"] = totals.files["clustering"]
 
@@ -319,22 +314,23 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     for split in SPLITS:
         (tmp / split).mkdir(exist_ok=True)  # an empty split is an empty folder, never a missing one
     t = time.perf_counter()
-    if len(by_split[0]) + len(by_split[1]):
-        tagged = work.map_batches(_tag_shards, batch_format="pyarrow", fn_kwargs={
-            "splits_box": [ray.put(by_split)], "samples_per_file": cfg.samples_per_file})
-        written = tagged.groupby("shard").map_groups(_write_shard, batch_format="pyarrow", fn_kwargs={
-            "out": str(tmp), "samples_per_file": cfg.samples_per_file, "compression_level": cfg.compression_level})
-        rows = int(written.to_pandas()["rows"].sum())
-        if rows != len(by_split[0]) + len(by_split[1]):
-            raise CodeParrotError(f"ray engine: shard tasks wrote {rows} rows, expected "
-                                  f"{len(by_split[0]) + len(by_split[1])}")
+    infos: dict[str, list[ShardInfo]] = {split: [] for split in SPLITS}  # as the shard tasks reported them
+    pending = []  # (split, shard task), in shard order
+    for split, split_ids in zip(SPLITS, by_split):
+        for first in range(0, len(split_ids), cfg.samples_per_file):
+            mine = split_ids[first:first + cfg.samples_per_file]  # sorted: the shard's rows in input order
+            where = [b for b, (lo, hi) in zip(blocks, ranges) if lo <= mine[-1] and hi >= mine[0]]
+            number = first // cfg.samples_per_file + 1
+            pending.append((split, _task(_write_shard).remote(str(tmp / split), number, mine, cfg.compression_level,
+                                                              *where)))
+    for (split, _), info in zip(pending, _one_line_errors(lambda: ray.get([task for _, task in pending]))):
+        infos[split].append(info)
     totals.seconds["write"] = time.perf_counter() - t
     shards = {}
-    for s, split in enumerate(SPLITS):
+    for split in SPLITS:
         for leftover in (tmp / split).glob(".part-*"):  # a killed attempt's private folder
             shutil.rmtree(leftover, ignore_errors=True)
-        count = -(-len(by_split[s]) // cfg.samples_per_file)
-        shards[split] = [tmp / split / SHARD_PATTERN.format(index=i + 1) for i in range(count)]
+        shards[split] = [tmp / split / info.name for info in infos[split]]
     totals.seconds["total"] = time.perf_counter() - start
     for stage in ("pass1", "total"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
@@ -342,25 +338,21 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     if clusters is not None:
         write_clusters(tmp / "duplicate_clusters.json", clusters)
     atomic_write_json(tmp / "stats.json", stats)
-    return stats
+    return EngineOutput(stats, infos)
 
 
-def _concat_sorted(parts: list) -> dict[str, np.ndarray]:
-    """The kept files' columns as numpy arrays sorted by id (input order)."""
-    import pandas as pd
-
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        {"id": [], "digest": [], "nbytes": [], "has_sig": []})
-    frame = frame.sort_values("id", kind="stable")
-    return {"id": frame["id"].to_numpy(np.int64), "digest": frame["digest"].to_numpy(np.uint64),
-            "nbytes": frame["nbytes"].to_numpy(np.int64), "has_sig": frame["has_sig"].to_numpy(bool)}
+def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The kept files' columns (per block) as numpy arrays sorted by id (input order)."""
+    types = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool}
+    columns = {c: np.concatenate([p[c] for p in parts]).astype(t) if parts else np.zeros(0, t) for c, t in types.items()}
+    order = np.argsort(columns["id"], kind="stable")
+    return {c: v[order] for c, v in columns.items()}
 
 
-def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locate: Locations, tmp: Path,
-                totals: Totals) -> dict:
+def _near_dedup(cfg: PreprocessConfig, blocks: list, ranges: list[tuple[int, int]], kept: dict, drop: np.ndarray,
+                locate: Locations, tmp: Path, totals: Totals) -> dict:
     """Cluster the kept files as the local engine does (same rows, same order, same `find_clusters`); marks
-    `drop` and returns the content of `duplicate_clusters.json`."""
-    import pyarrow.compute as pc
+    `drop` and returns the content of `duplicate_clusters.json`. `ranges`: each block's kept id range."""
     import ray
 
     ids, n = kept["id"], len(kept["id"])
@@ -369,31 +361,26 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locat
     if n:
         sig_path = tmp / ".signatures.u32"
         sigs = np.lib.format.open_memmap(sig_path, mode="w+", dtype=np.uint32, shape=(n, cfg.num_perm))
-        for b in work.select_columns(["id", "reason", "sig"]).iter_batches(batch_format="pyarrow"):
-            b = b.filter(np.asarray(b["reason"].to_numpy(zero_copy_only=False)) == "")
-            if len(b):
-                rows = np.searchsorted(ids, b["id"].to_numpy())
-                sigs[rows] = pc.list_flatten(b["sig"]).to_numpy().reshape(len(b), cfg.num_perm)
+        for block in blocks:  # one block's signatures on the driver at a time
+            block_ids, block_sigs = ray.get(_task(_block_signatures).remote(block, cfg.num_perm))
+            sigs[np.searchsorted(ids, block_ids)] = block_sigs
         sigs.flush()
         clusters = find_clusters(sigs, cfg.jaccard_threshold, kept["has_sig"])
         del sigs
         os.unlink(sig_path)
     totals.seconds["clustering"] = time.perf_counter() - t
     totals.files["clustering"] = n
-    for cluster in clusters:
-        drop[cluster[1:]] = True  # the first member (earliest in input order) of each cluster is kept
+    drop |= near_duplicates_to_drop(clusters, n)
     totals.near_duplicates = int(drop.sum())
     rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, dtype=np.int64)
     members: dict[int, dict] = {}
     if len(rows):
-        found = work.map_batches(_select_ids, batch_format="pyarrow", fn_kwargs={"ids_box": [ray.put(ids[rows])]})
-        raw_by_id = {int(i): r for i, r in zip(*(found.select_columns(["id", "raw"]).to_pandas()[c]
-                                                   for c in ("id", "raw")))}
+        wanted, fields = ids[rows], {}
+        for block, (lo, hi) in zip(blocks, ranges):
+            mine = wanted[(wanted >= lo) & (wanted <= hi)]
+            if len(mine):
+                fields.update(ray.get(_task(_member_fields).remote(block, mine)))
         for row in rows.tolist():
-            record, rid = json.loads(raw_by_id[int(ids[row])]), int(ids[row])
-            members[row] = {"repo_name": record.get("repo_name"), "path": record.get("path"),
-                            "input": str(locate(rid)),
-                            "kept": not drop[row]}
-    return {"num_clusters": len(clusters), "files_in_clusters": len(members), "near_duplicates": int(drop.sum()),
-            "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm,
-            "clusters": [[members[int(r)] for r in c] for c in clusters]}
+            rid = int(ids[row])
+            members[row] = member_entry(fields[rid], str(locate(rid)), not drop[row])
+    return clusters_report(cfg, clusters, drop, members)

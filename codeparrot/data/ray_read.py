@@ -20,10 +20,10 @@ import numpy as np
 from codeparrot.data.exact_dedup import digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, hub_num_shards, iter_hub_lines
 from codeparrot.data.preprocess_stats import Totals, utf8_len
-from codeparrot.data.records import BadRecords, Location, iter_raw_records, parse_line
+from codeparrot.data.records import BadRecords, Location, iter_lines, parse_line
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
-_ROWS_PER_READ_BATCH = 2048  # records per block emitted by a read task (bounded task memory)
+_ROWS_PER_READ_BATCH = 512  # lines per block emitted by a read task (bounded task memory)
 
 
 def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
@@ -40,45 +40,72 @@ def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
     return [{"unit": u, **unit} for u, unit in enumerate(units)]
 
 
-def read_unit(batch: dict[str, np.ndarray], text_column: str) -> Iterator[Any]:
-    """Ray task: the rows of one read unit (a batch of one): its valid records and its bad lines, in order."""
+def read_unit(batch: dict[str, np.ndarray]) -> Iterator[Any]:
+    """Ray task: the lines of one read unit (a batch of one), in order: (id, raw line) per line, and a row with
+    its reason per damaged or empty file. Only decompression and line splitting happen here (a unit is read by
+    one task); parsing is `parse_rows`, in parallel tasks."""
     import pyarrow as pa
 
-    class Recorder(BadRecords):  # the local bad-line policy, with each event kept for the driver to replay
+    class Recorder(BadRecords):  # the local file-level policy, with each event kept for the driver to replay
         def add(self, reason: str, where: Location, detail: str = "") -> None:
-            rows.append((int(where.line), 0, 0, "", b"", reason, detail))
+            rows.append((int(where.line), b"", reason, detail))
 
     for u in range(len(batch["unit"])):
         unit = {k: v[u] for k, v in batch.items()}
         rows: list[tuple] = []
-        recorder = Recorder()
         if unit["path"]:
-            records = iter_raw_records([Path(unit["path"])], text_column, recorder)
+            lines = iter_lines([Path(unit["path"])], Recorder())
         else:
             hub = HubInput(str(unit["dataset_id"]), str(unit["split"]), str(unit["revision"]) or None)
             n = int(unit["num_shards"])
-            records = ((line, *parsed, where) for line, where in iter_hub_lines(hub, int(unit["shard"]) if n > 1
-                                                                                else None, n)
-                       if (parsed := parse_line(line, where, text_column, recorder)) is not None)
-        for line, _, text, where in records:
-            rows.append((where.line, digest_of_stripped(strip_whitespace(text)), utf8_len(text), text, line, "", ""))
+            lines = iter_hub_lines(hub, int(unit["shard"]) if n > 1 else None, n)
+        for line, where in lines:
+            rows.append((where.line, line, "", ""))
             if len(rows) >= _ROWS_PER_READ_BATCH:
-                yield _rows_table(pa, int(unit["unit"]), rows)
+                yield _lines_table(pa, int(unit["unit"]), rows)
                 rows = []
         if rows:
-            yield _rows_table(pa, int(unit["unit"]), rows)
+            yield _lines_table(pa, int(unit["unit"]), rows)
 
 
-def _rows_table(pa, unit: int, rows: list[tuple]):
+def _lines_table(pa, unit: int, rows: list[tuple]):
     cols = list(zip(*rows))
     return pa.table({
         "id": pa.array((unit << LINE_BITS) + np.array(cols[0], dtype=np.int64), pa.int64()),
-        "digest": pa.array(np.array(cols[1], dtype=np.uint64), pa.uint64()),
-        "nbytes": pa.array(cols[2], pa.int64()),
-        "text": pa.array(cols[3], pa.large_string()),
-        "raw": pa.array(cols[4], pa.large_binary()),
-        "bad": pa.array(cols[5], pa.string()),  # "" for a valid record, else the bad-record reason
-        "detail": pa.array(cols[6], pa.string()),
+        "raw": pa.array(cols[1], pa.large_binary()),
+        "bad": pa.array(cols[2], pa.string()),  # "" for a line, else the file-level reason
+        "detail": pa.array(cols[3], pa.string()),
+    })
+
+
+def parse_rows(table, text_column: str):
+    """Ray batch function: each line parsed by the local parser (`records.parse_line`): (id, digest, UTF-8 size,
+    text, raw line) per valid record, its reason and detail per bad line; file-level rows pass through."""
+    import pyarrow as pa
+
+    reasons, details = table["bad"].to_pylist(), table["detail"].to_pylist()
+    digests, sizes, texts = [0] * len(reasons), [0] * len(reasons), [""] * len(reasons)
+
+    class Recorder(BadRecords):
+        def add(self, reason: str, where: Location, detail: str = "") -> None:
+            reasons[i], details[i] = reason, detail
+
+    recorder = Recorder()
+    for i, line in enumerate(table["raw"].to_pylist()):
+        if reasons[i]:
+            continue
+        parsed = parse_line(line, Location("", 0), text_column, recorder)
+        if parsed is not None:
+            text = texts[i] = parsed[1]
+            digests[i], sizes[i] = digest_of_stripped(strip_whitespace(text)), utf8_len(text)
+    return pa.table({
+        "id": table["id"],
+        "digest": pa.array(np.array(digests, dtype=np.uint64), pa.uint64()),
+        "nbytes": pa.array(sizes, pa.int64()),
+        "text": pa.array(texts, pa.large_string()),
+        "raw": table["raw"],
+        "bad": pa.array(reasons, pa.string()),  # "" for a valid record, else the bad-record reason
+        "detail": pa.array(details, pa.string()),
     })
 
 
@@ -104,15 +131,19 @@ class Locations:
 
 
 def replay_bad(records, paths: list[Path | HubInput], units: list[dict[str, Any]], bad: BadRecords,
-               totals: Totals) -> Locations:
+               totals: Totals) -> tuple[Locations, np.ndarray, np.ndarray]:
     """Count the valid records and their bytes into `totals` and replay every bad line through `bad` in input
-    order (the local engine's counts, first examples and --strict error); returns the id -> location map."""
+    order (the local engine's counts, first examples and --strict error); returns the id -> location map and
+    the valid records' ids and digests (16 bytes per record, for exact dedup; in no particular order)."""
     import pandas as pd
 
     events, rows_per_unit = [], np.zeros(len(units), dtype=np.int64)
-    for b in records.select_columns(["id", "bad", "detail", "nbytes"]).iter_batches(batch_format="pandas"):
+    ids, digests = [], []
+    for b in records.select_columns(["id", "bad", "detail", "nbytes", "digest"]).iter_batches(batch_format="pandas"):
         is_bad = b["bad"] != ""
-        events.append(b[is_bad])
+        events.append(b[is_bad][["id", "bad", "detail"]])
+        ids.append(b["id"].to_numpy(np.int64)[~is_bad.to_numpy()])
+        digests.append(b["digest"].to_numpy(np.uint64)[~is_bad.to_numpy()])
         totals.valid_records += int((~is_bad).sum())
         totals.bytes_in += int(b["nbytes"][~is_bad].sum())
         rows_per_unit += np.bincount(b["id"].to_numpy(np.int64) >> LINE_BITS, minlength=len(units))
@@ -123,4 +154,5 @@ def replay_bad(records, paths: list[Path | HubInput], units: list[dict[str, Any]
     locate = Locations(paths, units, rows_per_unit)
     for row in pd.concat(events).sort_values("id").itertuples() if events else ():
         bad.add(row.bad, locate(row.id), row.detail)
-    return locate
+    empty = np.zeros(0, dtype=np.int64)
+    return locate, np.concatenate(ids) if ids else empty, np.concatenate(digests) if digests else empty.astype(np.uint64)

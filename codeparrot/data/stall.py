@@ -24,6 +24,6 @@ def records_watchdog(stall_minutes: float, output_dir: Path, pending: deque) -> 
             return f"preprocess reading the input after {done:,} records done"
         return f"preprocess waiting for a worker's batch of records from {where} ({done:,} records done)"
 
-    watchdog = StallWatchdog(stall_minutes, stall_log(output_dir), describe, loop_file="data/preprocess.py")
+    watchdog = StallWatchdog(stall_minutes, stall_log(output_dir), describe, loop_file="data/local_engine.py")
     watchdog.hint = f"; {output_dir} was not written"
     return watchdog.start()

@@ -1,5 +1,7 @@
 """`preprocess --engine ray` benchmark: the full pipeline (near dedup on) with Ray Data against the local process
-pool on the same export, the fixed cost of starting a local Ray, and the scaling row (1 vs 2 Ray workers).
+pool on the same export, run alternately (so a busy machine slows both alike) with the per-run ratio, the fixed
+cost of starting a local Ray, the scaling row (1 vs 2 Ray workers), and the driver's memory per input file
+(`ray_driver`).
 
 Every run starts its own loopback-only Ray with `num_workers` CPUs (as `preprocess.py --engine ray` does
 without `--ray-address`), so the files/s include the start-up; the note also gives the rate without it.
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from codeparrot.data.export import export_local
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
+from codeparrot.tools.benchmarks import ray_driver
 from codeparrot.tools.benchmarks.common import BenchRow, measure
 from codeparrot.tools.benchmarks.data import QUICK_PACKAGES
 
@@ -28,7 +31,7 @@ def _run(raw: Path, out: Path, engine: str, workers: int) -> tuple[dict, float]:
 
 def startup_seconds(workers: int = 2) -> float:
     """Seconds to start a local loopback Ray, run a one-block Ray Data job and shut it down."""
-    from codeparrot.data.ray_engine import start_ray
+    from codeparrot.data.ray_cluster import start_ray
 
     start = time.perf_counter()
     start_ray(PreprocessConfig(["-"], "-", num_workers=workers, engine="ray", progress=False))
@@ -59,23 +62,37 @@ def rows(quick: bool = False) -> list[BenchRow]:
         startup = measure(startup_seconds, repeats=repeats)
         out.append(BenchRow("preprocess --engine ray: local Ray start-up + shutdown", "s", *startup, repeats,
                             "fixed cost per run: ray.init (loopback, 2 CPUs) + a one-block job + shutdown"))
-        local_stats, local_wall = _run(work / "raw", work / "local", "local", 2)
-        files = local_stats["input_records"]
+        local_walls: list[float] = []
+        ratios: list[float] = []
+        files = 0
         for workers in (2, 1):
             walls: list[float] = []
 
             def once(workers=workers, walls=walls) -> float:
+                nonlocal files
+                if workers == 2:  # the local engine right before, on the same machine state
+                    stats, wall = _run(work / "raw", work / "local", "local", 2)
+                    local_walls.append(wall)
                 stats, wall = _run(work / "raw", work / f"ray{workers}", "ray", workers)
                 walls.append(wall)
-                return stats["input_records"] / wall
+                files = stats["input_records"]
+                if workers == 2:
+                    ratios.append(local_walls[-1] / wall)
+                return files / wall
 
             median, low, high = measure(once, repeats=repeats if workers == 2 else 1)
             steady = files / max(sorted(walls)[len(walls) // 2] - startup[0], 1e-9)
+            local_rate = files / sorted(local_walls)[len(local_walls) // 2]
             note = (f"{files:,} files, full pipeline with near dedup; {steady:,.0f} files/s without the start-up; "
-                    f"local engine (2 workers): {files / local_wall:,.0f} files/s")
+                    f"local engine (2 workers), run alternately: {local_rate:,.0f} files/s")
             out.append(BenchRow(f"preprocess --engine ray, {workers} worker{'s' * (workers > 1)} ({name})",
                                 "files/s", median, low, high, len(walls), note))
-    return out
+        ratios.sort()
+        out.append(BenchRow(f"preprocess --engine ray / local, 2 workers each ({name})", "ratio",
+                            ratios[len(ratios) // 2], ratios[0], ratios[-1], len(ratios),
+                            "per-core throughput of the Ray engine over the local engine's, each pair run back to "
+                            "back (target >= 0.8)"))
+    return out + ray_driver.rows(quick)
 
 
 if __name__ == "__main__":
