@@ -41,6 +41,15 @@ SKIP_MODULES = frozenset({"_tkinter"})  # X11 and Tcl/Tk libraries, for windows 
 MAX_LINKS = 40  # symlinks followed per path, like the kernel's ELOOP limit
 
 
+def extension_modules() -> list[str]:
+    """Names of the extension modules the interpreter ships (`lib-dynload`), `_tkinter` left out."""
+    names = []
+    for folder in sys.path:
+        if os.path.basename(folder) == "lib-dynload" and os.path.isdir(folder):
+            names += [name.split(".", 1)[0] for name in sorted(os.listdir(folder)) if name.endswith(".so")]
+    return [name for name in names if name not in SKIP_MODULES]
+
+
 def loaded_libraries() -> list[str]:
     """Real paths of the ELF files this interpreter maps once every extension module in `lib-dynload` is
     imported: the executable, libpython, libc, the libraries behind `_ssl`, `_decimal`, `zlib`, ... Found
@@ -53,15 +62,11 @@ def loaded_libraries() -> list[str]:
             devnull = os.open("/dev/null", os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            for folder in sys.path:
-                if os.path.basename(folder) == "lib-dynload" and os.path.isdir(folder):
-                    for name in sorted(os.listdir(folder)):
-                        module = name.split(".", 1)[0]
-                        if name.endswith(".so") and module not in SKIP_MODULES:
-                            try:
-                                __import__(module)
-                            except BaseException:  # noqa: BLE001 - a module that cannot load is not needed
-                                pass
+            for module in extension_modules():
+                try:
+                    __import__(module)
+                except BaseException:  # noqa: BLE001 - a module that cannot load is not needed
+                    pass
             with open("/proc/self/maps") as maps:
                 paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
             data = "\n".join(sorted(p for p in paths if p.startswith("/"))).encode()
