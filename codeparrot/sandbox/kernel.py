@@ -32,6 +32,7 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000,
 CLONE_NEWIPC, MS_NOEXEC, MNT_DETACH = 0x08000000, 8, 2
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442  # 442 on every arch
+MOUNT_ATTR_NOEXEC = 8
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
 # Never covered, even when $HOME names one (HOME=/ or HOME=/usr would hide the system): these folders, their
 # ancestors, and anything inside the system trees.
@@ -77,9 +78,11 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _ok(_libc.syscall(ctypes.c_long(number), new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def set_readonly(path: str, readonly: bool, recursive: bool) -> None:
-    """mount_setattr(2): make the mount at `path` (and every mount below it) read-only, or writable."""
-    attr = _MountAttr(MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else MOUNT_ATTR_RDONLY, 0, 0)
+def set_readonly(path: str, readonly: bool, recursive: bool, noexec: bool = False) -> None:
+    """mount_setattr(2): make the mount at `path` (and every mount below it) read-only, or writable; with
+    `noexec`, also not executable (nothing on it can be mapped to run)."""
+    extra = MOUNT_ATTR_NOEXEC if noexec else 0
+    attr = _MountAttr((MOUNT_ATTR_RDONLY if readonly else 0) | extra, 0 if readonly else MOUNT_ATTR_RDONLY, 0, 0)
     ret = _libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), path.encode(),
                         ctypes.c_uint(AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
                         ctypes.c_size_t(ctypes.sizeof(attr)))

@@ -12,7 +12,7 @@ exists for the worker, its trusted checker or its programs. The new root holds, 
   each bound as a single file at its real path, plus the symlinks that name it (`/lib -> usr/lib`,
   sonames, the ELF interpreter `/lib64/ld-linux-x86-64.so.2`) recreated as the same symlinks, and
   `/etc/ld.so.cache` (so `dlopen` finds them the usual way);
-- `/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`, and the symlinks `/dev/fd`,
+- `/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom` (noexec), and the symlinks `/dev/fd`,
   `/dev/stdin`, `/dev/stdout`, `/dev/stderr` into `/proc/self`;
 - `/proc` (the worker's; each program mounts a fresh one over it in its own PID namespace);
 
@@ -208,8 +208,9 @@ def enter_minimal_root(workspace: str, workspace_mb: int) -> dict:
         for path in names + ([interpreter] if interpreter else []) + [LD_CACHE]:
             mirror(root, path)  # optional: a name the loader may use
         for device in DEVICES:
-            if os.path.exists(device) and stat.S_ISCHR(os.stat(device).st_mode):
-                mirror(root, device)
+            if os.path.exists(device) and stat.S_ISCHR(os.stat(device).st_mode) and mirror(root, device):
+                # /dev/zero mapped executable would be fresh executable memory: the binds are noexec
+                set_readonly(root + device, readonly=True, recursive=False, noexec=True)
         os.makedirs(root + "/dev", 0o755, exist_ok=True)
         for link, target in DEVICE_LINKS.items():
             os.symlink(target, root + link)
