@@ -78,6 +78,7 @@ from queue import Empty, Queue
 from typing import Callable, Sequence
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.sandbox import cgroup
 from codeparrot.sandbox.cleanup import remove_tree
 
 SERVER = Path(__file__).with_name("server.py")
@@ -225,10 +226,16 @@ def describe_layers(layers: dict) -> str:
         parts.append("IPC namespace per program (SysV/POSIX IPC dies with it)")
     if layers.get("fresh_proc"):
         parts.append("own /proc per program (host processes invisible) + per-program tmpfs workspace")
+    if layers.get("memory_cgroup"):
+        parts.append(f"memory cgroup {layers['memory_cgroup']} per worker (everything a program holds: heap, "
+                     "tmpfs, shared memory, kernel buffers)")
+    else:
+        parts.append("no memory cgroup (memory bounded by the address-space limit and the syscall allowlist)")
     if layers.get("program_seccomp"):
-        parts.append("seccomp: no new user namespace" + ("" if layers.get("spawning") else ", no process spawning"))
+        parts.append("seccomp syscall allowlist (no executable memory, no sockets, no IPC, memfd, io_uring, keys"
+                     + (")" if layers.get("spawning") else ", no process spawning)"))
     if layers.get("seccomp"):
-        parts.append("seccomp: no signals/pidfd/ptrace to other processes")
+        parts.append("seccomp: no signals to other processes")
     parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
     return "; ".join(parts)
 
@@ -236,10 +243,11 @@ def describe_layers(layers: dict) -> str:
 class _Server:
     """One worker (`server.py`) process and its frame protocol."""
 
-    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int):
+    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int,
+                 memory_group: tuple):
         settings = asdict(config)
         settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None,
-                        hide=home_folders())
+                        hide=home_folders(), memory_cgroup=memory_group)
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
@@ -316,10 +324,13 @@ class Sandbox:
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self.uid_base = self.config.uid_base if self.config.uid_base is not None else pick_uid_base(self.num_workers)
         self._servers: list[_Server | None] = [None] * self.num_workers
+        # Per worker: (memory cgroup folder, "v1"/"v2") or (None, why not); made at its first start.
+        self.memory_groups: list[tuple | None] = [None] * self.num_workers
         self._lock = threading.Lock()
         self.layers: dict | None = None
-        # Workers and the workspace go away even when close() is never called (e.g. start() raised).
-        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root, self._owner_fd)
+        # Workers, their cgroups and the workspace go away even when close() is never called (e.g. start() raised).
+        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root, self._owner_fd,
+                                           self.memory_groups)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -333,7 +344,14 @@ class Sandbox:
             workspace = self._root / f"worker-{slot}"
             workspace.mkdir(mode=0o711, exist_ok=True)
             os.chmod(workspace, 0o711)
-            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base)
+            if self.memory_groups[slot] is None:
+                try:
+                    self.memory_groups[slot] = cgroup.create(f"{os.getpid()}-{self._root.name[-8:]}-{slot}",
+                                                             int(self.config.memory_mb) << 20)
+                except OSError as err:
+                    self.memory_groups[slot] = (None, str(err))
+            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base,
+                             self.memory_groups[slot])
             self._servers[slot] = server
             with self._lock:
                 if self.layers is None:
@@ -341,8 +359,11 @@ class Sandbox:
         return server
 
     def start(self) -> dict:
-        """Start the first worker (the others start on first use); return the active layers."""
+        """Start the first worker (the others start on first use); return the active layers. Each layer
+        the kernel refused is printed (stderr) as a weaker-mode line, never left silent."""
         self._server(0)
+        for note in self.layers.get("notes", []):
+            print(f"sandbox: weaker mode: {note}", file=sys.stderr)
         return self.layers
 
     def _execute(self, slot: int, program: Program, timeout: float) -> ExecResult:
@@ -406,10 +427,14 @@ class Sandbox:
         self._finalizer()
 
 
-def _shutdown(servers: list, root: Path, owner_fd: int) -> None:
+def _shutdown(servers: list, root: Path, owner_fd: int, memory_groups: list) -> None:
     for slot, server in enumerate(servers):
         if server is not None:
             server.close()
             servers[slot] = None
+    for slot, group in enumerate(memory_groups):
+        if group is not None and group[0] is not None:
+            cgroup.remove(group[0])  # empty now: its programs ended with their worker
+            memory_groups[slot] = None
     remove_tree(str(root))  # iterative: a 2,000-deep chain left behind cannot make this raise
     os.close(owner_fd)

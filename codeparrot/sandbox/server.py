@@ -47,7 +47,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import channel  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+import cgroup  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+import channel  # noqa: E402
 import checker  # noqa: E402
 import seccomp  # noqa: E402
 import child  # noqa: E402
@@ -77,6 +78,7 @@ from verdict import SETUP_ERROR, WATCHDOG_ERROR, classify  # noqa: E402
 
 sys.path.pop(0)
 _PREBUILT = [None]  # the program's seccomp filter when it does not name the program's pid (see warm_up)
+_MEMORY_GROUP = {}  # "procs": fd of its cgroup.procs, "dir": fd of its folder, "kind": "v1"/"v2" (see main)
 PRELOAD = ("typing", "math", "random", "copy", "string", "hashlib", "heapq", "bisect")  # see warm_up
 # Extension modules not loaded for programs: CPython's own test helpers (raw memory access, crash
 # triggers). Every other one is loaded before the zygote forks, because afterwards the seccomp allowlist
@@ -182,6 +184,8 @@ def _program(cfg, layers, job, fds) -> None:
     pipes; they become fds 3, 4, 5, 6, 7 (the code pipe is read and closed first)."""
     err_fd = fds[2]
     try:
+        if "procs" in _MEMORY_GROUP:  # into the worker's memory cgroup (still privileged), its children too
+            os.write(_MEMORY_GROUP["procs"], b"0")
         code = channel.receive(fds[3], limit=1 << 62)  # the trusted server wrote it: no size limit
         os.close(fds[3])
         job = {**job, **marshal.loads(code)}
@@ -240,7 +244,7 @@ def _program(cfg, layers, job, fds) -> None:
         os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
         sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
         sys.modules["__main__"] = type(sys)("__main__")
-        for name in ("child", "kernel", "checker", "channel", "cleanup", "rootfs", "verdict", "seccomp"):  # ours: not for it
+        for name in ("child", "kernel", "checker", "channel", "cleanup", "rootfs", "verdict", "seccomp", "cgroup"):  # ours: not for it
             sys.modules.pop(name, None)
         sys.path[:] = layers["sys_path"]
         sys.path_importer_cache.clear()
@@ -370,6 +374,7 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
         verdict_r, verdict_w = os.pipe()
         program_fds += [call_r, reply_w]
     _zygote_pid, control = zygote
+    oom_before = cgroup.oom_kills(_MEMORY_GROUP["dir"], _MEMORY_GROUP["kind"]) if _MEMORY_GROUP else 0
     header = {"_n": job["_n"], "timeout": timeout}
     socket.send_fds(control, [marshal.dumps(header)], program_fds + [code_r, stop_r])
     for fd in program_fds[:3] + [code_r, stop_r]:
@@ -456,6 +461,9 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
         state, detail = classify(data, errors, nonce, code, timed_out, timeout, accept_pass=not isolated)
         if isolated and state == "failed" and detail.startswith("exited with code") and verdict[1]:
             detail = verdict[1]
+    if state in ("killed", "failed") and _MEMORY_GROUP and \
+            cgroup.oom_kills(_MEMORY_GROUP["dir"], _MEMORY_GROUP["kind"]) > oom_before:
+        state, detail = "killed", f"memory limit (cgroup, {int(cfg['memory_mb'])} MiB)"
     return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4),
             "checker": "isolated" if isolated else mode}
 
@@ -492,10 +500,32 @@ def _receive():
     return None if body is None else marshal.loads(body)
 
 
+def _open_memory_group(cfg: dict) -> str:
+    """Open the worker's memory cgroup (made by the harness) while /sys is still visible; "" or why not."""
+    path, kind = cfg.get("memory_cgroup") or (None, "not requested")
+    if path is None:
+        return kind
+    try:
+        _MEMORY_GROUP["dir"] = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _MEMORY_GROUP["procs"] = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        _MEMORY_GROUP["kind"] = kind
+        cgroup.oom_kills(_MEMORY_GROUP["dir"], kind)
+    except OSError as err:
+        _MEMORY_GROUP.clear()
+        return f"cannot open {path} ({err})"
+    return ""
+
+
 def main() -> None:
     cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a killed watchdog come to us, not to the system's init
+    no_group = _open_memory_group(cfg)
     layers = setup(cfg, enter_root=enter_minimal_root)
+    layers["memory_cgroup"] = _MEMORY_GROUP.get("kind")
+    if no_group:
+        layers["notes"].append(f"no memory cgroup ({no_group}): a program's memory is bounded by its address-space "
+                               "limit, the workspace size and the syscall allowlist (no shared memory, memfd or "
+                               "io_uring), not by one counter of everything it holds")
     refused = refusal(cfg, layers)
     if refused:
         _send({"error": refused})
