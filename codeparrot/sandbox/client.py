@@ -28,9 +28,14 @@ Enforced by the kernel (real boundaries):
   workspace per program; no other host path exists for the program (the project, /etc, /home, /tmp and
   /run with their unix sockets). Where it cannot be built: the host's tree, read-only, with the home
   folders ($HOME, the user's home, /root, /home) covered by an empty tmpfs;
-- a seccomp filter on every program: no new user namespace, no unix-domain socket, no process spawning
-  unless `allow_processes`; without a PID namespace and a private uid (guard-only mode) also no kill/
-  tgkill/pidfd/ptrace of any process but the program itself, whoever issues them (ctypes included);
+- a seccomp allowlist on every program (`seccomp.py`): the system calls a pure-Python program needs,
+  everything else refused (memfd, io_uring, keyrings, bpf, ptrace, sockets, IPC, namespaces, executable
+  memory, process spawning unless `allow_processes`); without a PID namespace and a private uid
+  (guard-only mode) also no signal to any process but the program itself, whoever issues it;
+- a memory cgroup per worker (`cgroup.py`) where cgroup v2 or v1's memory controller is writable:
+  `memory_mb` bounds everything a program holds (heap, tmpfs workspace, shared memory, kernel buffers);
+- programs descend from a zygote forked before the first job: the test and other jobs' text are never in
+  a program's memory;
 - an empty environment (HOME and TMPDIR point at the workspace), stdin/stdout/stderr on /dev/null.
 
 In the interpreter (best effort, `guard=True`; the only containment when the kernel offers none of the
@@ -43,14 +48,14 @@ security boundary: functions without an audit event (`os.pidfd_open` + `signal.p
 any syscall made from native code (an extension module loaded under another name) is invisible to it.
 Only the kernel layers stop those. See `child.py` for the guard's rules.
 
-Not restricted: CPU use within the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no
-memory cgroup: the system's cgroup tree is not ours to change). Without the minimal view, reading files
+Not restricted: CPU use within the limits; without a writable memory cgroup, memory across processes
+beyond RLIMIT_AS x RLIMIT_NPROC (printed as a weaker mode at start). Without the minimal view, reading files
 the program's uid may read outside the home folders (the private uid cannot enter 0700 folders; as the
 harness's own user without a mount namespace it reads what you can, your home included). Root without the
 private uid is refused unless `allow_root=True`.
 
 Worker processes start once; a program costs three forks of a ~15 MB process (watchdog, program,
-checker), not a new interpreter.
+checker), not a new interpreter. See the package docstring for the threat model.
 
 Each Sandbox works in `$TMPDIR/codeparrot-sandbox-<pid>-*/`, holding an flock on its `owner.lock` while it
 lives. A harness killed with SIGKILL cannot remove it; the next Sandbox started by the same user removes

@@ -16,10 +16,9 @@ by a program that keeps our uid (user-namespace mode). What must stay reachable 
 interpreter's prefix and sys.path when Python lives under $HOME, e.g. pyenv; the workspace) is
 bind-mounted back at its own path from a descriptor opened before the cover went on.
 
-Where processes outside the program's own are visible and signalable (no PID namespace and no private
-uid: the guard-only mode), `no_foreign_signals` installs a seccomp filter: kill/tgkill/pidfd/ptrace and
-other syscalls that act on another process fail with EPERM in the kernel, whatever Python or native code
-issues them.
+Every program gets the seccomp allowlist of `seccomp.py` (`program_filter`); where processes outside the
+program's own are visible and signalable (no PID namespace and no private uid: the guard-only mode), its
+signal rule also limits kill/tgkill to the program itself, whatever Python or native code issues them.
 """
 
 import ctypes

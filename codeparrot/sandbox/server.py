@@ -9,18 +9,28 @@ It enters its namespaces once (`kernel.setup`: network; mount, pivoting into the
 root), answers `{"hello": {layer: active}}`, then reads one job per frame on stdin and writes one result
 per frame on stdout (frames: 8-byte length + `marshal`).
 
-Per job there is no exec, only forks of this small process (about 2 ms instead of about 15 ms for a fresh
-interpreter):
+Before the first job it loads every extension module of the interpreter (after that the program's seccomp
+allowlist refuses executable memory) and forks the zygote. Per job there is no exec, only forks (about
+2 ms instead of about 15 ms for a fresh interpreter):
 
-    server ──fork──> watchdog: setsid, unshare(PID | IPC | mount) ──fork──> program: pid 1 there
+    server ──fork (once, before any job)──> zygote ──fork──> watchdog: setsid, unshare(PID | IPC | mount)
+                                                               ──fork──> program: pid 1 there
            ──fork──> checker: the trusted process that runs the test (jobs with an entry point)
 
-The program process mounts its own /proc and tmpfs workspace, sets its rlimits, drops to an unprivileged
-uid (or all capabilities in a user namespace), installs its seccomp filter and the audit-hook guard, then
-runs `child.serve_candidate` (isolated check) or `child.run_program` (in-process fallback). On the
-wall-clock deadline the server SIGKILLs it; as the init of its PID namespace its death makes the kernel
-kill every process it started, grandchildren and `setsid` escapees included, and free its IPC objects and
-mounts. Without PID namespaces the program's process group (and its private uid) is killed.
+The answer key. The server holds every job (test included) and, in its heap, the text of earlier ones;
+the program does not descend from it. The zygote receives only the job number, timeout and the program's
+pipes (SCM_RIGHTS); the program reads its own prompt and completion from a pipe (the test too only in the
+in-process fallback). So no frame, object or page of the program holds the test or another job's text.
+
+The program process joins the worker's memory cgroup, mounts its own /proc and tmpfs workspace, sets its
+rlimits, drops to an unprivileged uid (or all capabilities in a user namespace), installs its seccomp
+allowlist (`seccomp.py`) and the audit-hook guard, then runs `child.serve_candidate` (isolated check) or
+`child.run_program` (in-process fallback). When the verdict is in or the wall-clock deadline passes, the
+server closes the watchdog's stop pipe; the watchdog SIGKILLs the program through a pidfd of its own
+unreaped child (never a pid that may have been reused) and, without a PID namespace, its process group
+before reaping it. As the init of its PID namespace the program's death makes the kernel kill every
+process it started, grandchildren and `setsid` escapees included, and free its IPC objects and mounts.
+The server signals the watchdog only through a pidfd the zygote hands it.
 
 The verdict. With an entry point the checker (`checker.py`) decides it: it runs the prompt and the test in
 its own interpreter and calls the candidate over two pipes (call: checker -> program, fd 6; reply: program
