@@ -101,10 +101,11 @@ def drop_capabilities() -> None:
     _ok(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
-def program_filter(pid: int, foreign_signals: bool, spawning: bool, built=None) -> None:
+def program_filter(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, built=None) -> None:
     """Install the program's seccomp allowlist (`seccomp.py`; needs PR_SET_NO_NEW_PRIVS), inherited by its
     children. `built`: the same filter from `seccomp.build`, made once before the fork (saves ~0.3 ms)."""
-    seccomp.install(built if built is not None else seccomp.build(pid, foreign_signals, spawning), _libc)
+    fprog = built if built is not None else seccomp.build(pid, foreign_signals, spawning, exec_files)
+    seccomp.install(fprog, _libc)
 
 
 def _program_filter_works() -> bool:
@@ -113,7 +114,7 @@ def _program_filter_works() -> bool:
     def check():
         import threading
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        program_filter(os.getpid(), foreign_signals=False, spawning=False)
+        program_filter(os.getpid(), foreign_signals=False, spawning=False, exec_files=False)
         thread = threading.Thread(target=lambda: None)
         thread.start()
         thread.join()
@@ -133,7 +134,7 @@ def _seccomp_works() -> bool:
     while kill(self, 0) succeeds."""
     def check():
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        program_filter(os.getpid(), foreign_signals=True, spawning=True)
+        program_filter(os.getpid(), foreign_signals=True, spawning=True, exec_files=True)
         os.kill(os.getpid(), 0)
         try:
             os.kill(os.getppid(), 0)
@@ -277,8 +278,9 @@ def setup(cfg: dict, enter_root=None) -> dict:
                     layers["minimal_root"], layers["workspace_tmpfs"] = view, True
                     layers["hidden_homes"] = homes  # absent from the view but for the interpreter's folders
                 else:
-                    try:
-                        mount("tmpfs", ws, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['workspace_mb'])}m,mode=0711")
+                    try:  # noexec: nothing a program writes there can be mapped to run
+                        mount("tmpfs", ws, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                              f"size={int(cfg['workspace_mb'])}m,mode=0711")
                         layers["workspace_tmpfs"] = True
                     except OSError:
                         mount(ws, ws, None, MS_BIND)  # the workspace as its own mount, so it can stay writable
@@ -296,7 +298,7 @@ def setup(cfg: dict, enter_root=None) -> dict:
                         layers["path_map"].append((source, target))
                 stdlib_unreadable = False
                 set_readonly("/", readonly=True, recursive=True)
-                set_readonly(ws, readonly=False, recursive=False)  # its stdlib binds stay read-only
+                set_readonly(ws, readonly=False, recursive=False, noexec=True)  # its stdlib binds: read-only
                 layers["readonly_root"] = True
             except OSError as err:
                 layers["notes"].append(f"mount namespace incomplete ({err}): writes are confined by uid/guard only")

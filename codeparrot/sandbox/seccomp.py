@@ -13,11 +13,12 @@ unless `spawning`.
 Arguments checked (the kernel hands the filter the low 32 bits of each argument, which is what we compare):
 - `clone`: only a thread (CLONE_THREAD) and never a new namespace; with `spawning`, any clone without a
   namespace flag. `clone3` keeps its flags in memory the filter cannot read: ENOSYS, glibc falls back.
-- `mmap` / `mprotect`: never PROT_EXEC. The sandbox worker loads every extension module the interpreter
-  ships before any program (`server.warm_up`), so no program needs new executable memory: a shared library
-  it wrote, found or built in memory cannot be mapped to run, whatever the file system allows. With
-  `spawning` an exec'd interpreter's loader must map its libraries, so there only anonymous executable
-  memory is refused (and the minimal view has no writable mount that allows exec).
+- `mmap` / `mprotect`: executable memory only as an unwritable mapping of a file (W^X: never anonymous,
+  never writable, and mprotect never adds PROT_EXEC), with `exec_files`: used where every writable mount
+  the program sees is noexec (the worker's read-only root), so the only files it can map to run are the
+  interpreter's own read-only ones (a library it writes, builds in a memfd or finds under /dev cannot be
+  run). Without `exec_files` (no read-only root: guard-only mode) no executable memory at all; the worker
+  then loads every extension module of the interpreter before any program (`server.warm_up`).
 - `socketpair`: AF_UNIX only (an unnamed pair: asyncio's self-pipe); `socket()` is refused for every family.
 - `ioctl`: terminal queries and the fd flags only (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX, FIONCLEX).
 - `kill`, `tgkill`, `rt_(tg)sigqueueinfo` (with `foreign_signals`): only to the program's own pid;
@@ -117,7 +118,7 @@ ALLOWED = frozenset({
 SPAWNING = frozenset({"fork", "vfork", "execve", "execveat", "wait4", "waitid", "arch_prctl"})
 SIGNALS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 CLONE_THREAD, CLONE_NAMESPACES = 0x00010000, 0x7E020080  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
-PROT_EXEC, MAP_ANONYMOUS, AF_UNIX = 4, 0x20, 1
+PROT_WRITE, PROT_EXEC, MAP_ANONYMOUS, AF_UNIX = 2, 4, 0x20, 1
 IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD FIONBIO FIONCLEX FIOCLEX
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
@@ -167,9 +168,10 @@ class _Program:
         return out
 
 
-def build(pid: int, foreign_signals: bool, spawning: bool, machine: str | None = None):
+def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, machine: str | None = None):
     """The filter (a `sock_fprog`): see the module docstring. `pid`: the program's own pid as it sees it
-    (for the signal rule; 0 when `foreign_signals` is off)."""
+    (for the signal rule; 0 when `foreign_signals` is off). `spawning` needs `exec_files` (an exec'd
+    interpreter's loader maps its libraries)."""
     machine = machine or os.uname().machine
     if machine not in ARCHES:
         raise OSError(f"seccomp filter: no syscall table for {machine}")
@@ -205,12 +207,13 @@ def build(pid: int, foreign_signals: bool, spawning: bool, machine: str | None =
         p.label(f"block_{name}")
         if kind == "allow":
             p.emit(_JA, "allow")
-        elif kind == "mmap" and spawning:  # an exec'd interpreter's loader maps libraries: not anonymous ones
+        elif kind == "mmap" and (exec_files or spawning):  # W^X, from a file only
             p.emit(_LD, _arg(2))
             p.emit(_JSET, PROT_EXEC, jf="allow")
+            p.emit(_JSET, PROT_WRITE, jt="eperm")
             p.emit(_LD, _arg(3))
             p.emit(_JSET, MAP_ANONYMOUS, jt="eperm", jf="allow")
-        elif kind in ("mmap", "noexec"):  # no new executable memory at all
+        elif kind in ("mmap", "noexec"):  # no new executable memory
             p.emit(_LD, _arg(2))
             p.emit(_JSET, PROT_EXEC, jt="eperm", jf="allow")
         elif kind == "clone":

@@ -9,8 +9,8 @@ It enters its namespaces once (`kernel.setup`: network; mount, pivoting into the
 root), answers `{"hello": {layer: active}}`, then reads one job per frame on stdin and writes one result
 per frame on stdout (frames: 8-byte length + `marshal`).
 
-Before the first job it loads every extension module of the interpreter (after that the program's seccomp
-allowlist refuses executable memory) and forks the zygote. Per job there is no exec, only forks (about
+Before the first job it forks the zygote (in guard-only mode, having loaded every extension module of
+the interpreter first: there the program's seccomp allowlist refuses all executable memory). Per job there is no exec, only forks (about
 2 ms instead of about 15 ms for a fresh interpreter):
 
     server ──fork (once, before any job)──> zygote ──fork──> watchdog: setsid, unshare(PID | IPC | mount)
@@ -22,7 +22,7 @@ the program does not descend from it. The zygote receives only the job number, t
 pipes (SCM_RIGHTS); the program reads its own prompt and completion from a pipe (the test too only in the
 in-process fallback). So no frame, object or page of the program holds the test or another job's text.
 
-The program process joins the worker's memory cgroup, mounts its own /proc and tmpfs workspace, sets its
+The zygote joins the worker's memory cgroup (so every program is born in it). The program mounts its own /proc and tmpfs workspace, sets its
 rlimits, drops to an unprivileged uid (or all capabilities in a user namespace), installs its seccomp
 allowlist (`seccomp.py`) and the audit-hook guard, then runs `child.serve_candidate` (isolated check) or
 `child.run_program` (in-process fallback). When the verdict is in or the wall-clock deadline passes, the
@@ -90,9 +90,9 @@ sys.path.pop(0)
 _PREBUILT = [None]  # the program's seccomp filter when it does not name the program's pid (see warm_up)
 _MEMORY_GROUP = {}  # "procs": fd of its cgroup.procs, "dir": fd of its folder, "kind": "v1"/"v2" (see main)
 PRELOAD = ("typing", "math", "random", "copy", "string", "hashlib", "heapq", "bisect")  # see warm_up
-# Extension modules not loaded for programs: CPython's own test helpers (raw memory access, crash
-# triggers). Every other one is loaded before the zygote forks, because afterwards the seccomp allowlist
-# refuses executable memory: a native module that is not loaded by then cannot be loaded by a program.
+# Without a read-only root (guard-only mode) the seccomp allowlist refuses all executable memory, so every
+# extension module is loaded before the zygote forks, but these: CPython's own test helpers (raw memory
+# access, crash triggers), which a program then cannot load at all.
 NOT_PRELOADED = ("_test", "_xx", "xx", "_ctypes_test")
 # Functions that act on other processes without raising an audit event: removed before the guard installs
 # (kill and killpg raise events and are refused by the guard). A program can rebuild the modules (e.g.
@@ -156,6 +156,10 @@ def _zygote(cfg, layers, control) -> None:
             os.dup2(devnull, fd)
         os.close(devnull)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if "procs" in _MEMORY_GROUP:
+            # Into the worker's memory cgroup once: every watchdog and program is then born in it (moving
+            # each program there would cost a cgroup migration, milliseconds, per job).
+            os.write(_MEMORY_GROUP["procs"], b"0")
         while True:
             message, fds, _flags, _addr = socket.recv_fds(control, 4096, 8)
             if not message:
@@ -194,8 +198,6 @@ def _program(cfg, layers, job, fds) -> None:
     pipes; they become fds 3, 4, 5, 6, 7 (the code pipe is read and closed first)."""
     err_fd = fds[2]
     try:
-        if "procs" in _MEMORY_GROUP:  # into the worker's memory cgroup (still privileged), its children too
-            os.write(_MEMORY_GROUP["procs"], b"0")
         code = channel.receive(fds[3], limit=1 << 62)  # the trusted server wrote it: no size limit
         os.close(fds[3])
         job = {**job, **marshal.loads(code)}
@@ -243,7 +245,7 @@ def _program(cfg, layers, job, fds) -> None:
             # Always: no new user namespace, no spawning unless allowed; without a PID namespace and a
             # private uid also no signals/ptrace to other processes.
             program_filter(os.getpid(), foreign_signals=layers["seccomp"], spawning=layers["spawning"],
-                           built=None if layers["seccomp"] else _PREBUILT[0])
+                           exec_files=layers["readonly_root"], built=None if layers["seccomp"] else _PREBUILT[0])
         if cfg["guard"]:
             for module_name, names in UNAUDITED.items():
                 module = sys.modules.get(module_name)
@@ -482,13 +484,17 @@ def warm_up(layers: dict) -> None:
     """Do once here what every forked program and checker would otherwise redo: the compiler's AST types
     (built by the first `compile()` in a process, ~1.5 ms), the seccomp filter (when it does not depend on
     the program's pid), the modules HumanEval prompts and tests import (`typing` alone ~3 ms) and every
-    extension module of the interpreter but its test helpers (see NOT_PRELOADED). Programs
+    extension module of the interpreter but its test helpers where programs may not map any (see
+    NOT_PRELOADED). Programs
     still get their own copies (fork); `random` reseeds in each child (its at-fork hook), so the checker's
     random test inputs are not the program's."""
     compile("pass", "<warm-up>", "exec")
     if layers["program_seccomp"] and not layers["seccomp"]:
-        _PREBUILT[0] = seccomp.build(0, foreign_signals=False, spawning=layers["spawning"])
-    native = [name for name in extension_modules() if not name.startswith(NOT_PRELOADED)]
+        _PREBUILT[0] = seccomp.build(0, foreign_signals=False, spawning=layers["spawning"],
+                                     exec_files=layers["readonly_root"])
+    # Without a read-only root the allowlist refuses all executable memory: load the interpreter's own
+    # extension modules now (with one, a program maps them itself, and forks stay small).
+    native = [] if layers["readonly_root"] else [m for m in extension_modules() if not m.startswith(NOT_PRELOADED)]
     for name in PRELOAD + tuple(native):
         try:
             __import__(name)
