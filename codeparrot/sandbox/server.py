@@ -30,7 +30,8 @@ server closes the watchdog's stop pipe; the watchdog SIGKILLs the program throug
 unreaped child (never a pid that may have been reused) and, without a PID namespace, its process group
 before reaping it. As the init of its PID namespace the program's death makes the kernel kill every
 process it started, grandchildren and `setsid` escapees included, and free its IPC objects and mounts.
-The server signals the watchdog only through a pidfd the zygote hands it.
+The server signals nothing there: it only closes the stop pipe, and reads the program's wait status from
+a pipe the watchdog writes.
 
 The verdict. With an entry point the checker (`checker.py`) decides it: it runs the prompt and the test in
 its own interpreter and calls the candidate over two pipes (call: checker -> program, fd 6; reply: program
@@ -103,12 +104,13 @@ UNAUDITED = {"os": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_set
 
 
 # ------------------------------------------------------------------------------------------------ per job
-def _watchdog(cfg, layers, job, fds, stop_r, unused) -> None:
+def _watchdog(cfg, layers, job, fds, stop_r, status_w, unused) -> None:
     """Child of the zygote: start the program in a new PID namespace, wait until it ends or the server
     closes `stop_r` (verdict in, or the deadline), then kill it through a pidfd of our own, still unreaped
-    child (never a pid that may have been reused), reap it and exit with its status (exit code 0..127, or
-    128 + signal). Never returns."""
+    child (never a pid that may have been reused), reap it and write its wait status (4 bytes) on
+    `status_w`, which the server reads. Never returns."""
     try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote ignores it (auto-reaping): we must not
         for fd in unused:
             os.close(fd)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the zygote dies -> we die -> the program dies
@@ -119,6 +121,7 @@ def _watchdog(cfg, layers, job, fds, stop_r, unused) -> None:
         pid = os.fork()
         if pid == 0:
             os.close(stop_r)
+            os.close(status_w)
             _program(cfg, layers, job, fds)
         for fd in fds:
             os.close(fd)
@@ -131,10 +134,8 @@ def _watchdog(cfg, layers, job, fds, stop_r, unused) -> None:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # as init of its PID namespace: the whole tree
         if not layers["pid_namespace"]:
             _kill_group(pid)  # its process group (pid: it called setsid); the group id is ours until reaped
-        status = os.waitpid(pid, 0)[1]
-        if os.WIFSIGNALED(status):
-            os._exit(128 + os.WTERMSIG(status))
-        os._exit(min(os.WEXITSTATUS(status), 127))
+        os.write(status_w, os.waitpid(pid, 0)[1].to_bytes(4, "little"))
+        os._exit(0)
     except BaseException as err:
         try:
             os.write(fds[2], f"E watchdog: {err}\n".encode())
@@ -146,9 +147,10 @@ def _zygote(cfg, layers, control) -> None:
     """The process every program descends from: forked before the first job, it never holds a job's text.
 
     Per job it receives from the server only the job number, timeout and mode, and the program's pipes
-    (SCM_RIGHTS over `control`, a unix socket pair); it forks the watchdog, hands the server a pidfd of it,
-    reaps it and reports its wait status. The program reads its own code (prompt + completion, and the test
-    only in the in-process fallback) from a pipe the server fills; the test, the other jobs and the server's
+    (SCM_RIGHTS over `control`, a unix socket pair), and forks the watchdog; nothing goes back (the
+    watchdog reports on a pipe of the server's, and is reaped by the kernel: SIGCHLD ignored), so a job
+    costs the zygote one wake-up. The program reads its own code (prompt + completion, and the test only
+    in the in-process fallback) from a pipe the server fills; the test, the other jobs and the server's
     heap (where freed job text lingers) are never in its memory. Never returns."""
     try:
         devnull = os.open("/dev/null", os.O_RDWR)
@@ -156,27 +158,22 @@ def _zygote(cfg, layers, control) -> None:
             os.dup2(devnull, fd)
         os.close(devnull)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         if "procs" in _MEMORY_GROUP:
             # Into the worker's memory cgroup once: every watchdog and program is then born in it (moving
             # each program there would cost a cgroup migration, milliseconds, per job).
             os.write(_MEMORY_GROUP["procs"], b"0")
         while True:
-            message, fds, _flags, _addr = socket.recv_fds(control, 4096, 8)
+            message, fds, _flags, _addr = socket.recv_fds(control, 4096, 16)
             if not message:
                 os._exit(0)
             header = marshal.loads(message)
-            program_fds, code_r, stop_r = fds[:-2], fds[-2], fds[-1]
-            watchdog = os.fork()
-            if watchdog == 0:
-                _watchdog(cfg, layers, header, [program_fds[0], program_fds[1], program_fds[2], code_r]
-                          + program_fds[3:], stop_r, unused=[control.fileno()])
+            program_fds, (code_r, stop_r, status_w) = fds[:-3], fds[-3:]
+            if os.fork() == 0:
+                _watchdog(cfg, layers, header, program_fds[:3] + [code_r] + program_fds[3:], stop_r, status_w,
+                          unused=[control.fileno()])
             for fd in fds:
                 os.close(fd)
-            pidfd = os.pidfd_open(watchdog)
-            socket.send_fds(control, [b"w"], [pidfd])
-            os.close(pidfd)
-            status = os.waitpid(watchdog, 0)[1]
-            control.sendall(status.to_bytes(4, "little"))
     except BaseException:
         os._exit(WATCHDOG_ERROR)
 
@@ -358,10 +355,10 @@ def _checker(cfg: dict, job: dict, call_w: int, reply_r: int, verdict_w: int, un
     checker.run(job, call_w, reply_r, verdict_w)
 
 
-def _wait_pidfd(pidfd: int, deadline: float) -> bool:
-    """Did the process behind `pidfd` end before `deadline` (monotonic seconds)?"""
+def _wait_readable(fd: int, deadline: float) -> bool:
+    """Is `fd` readable (for a pidfd: has its process ended) before `deadline` (monotonic seconds)?"""
     poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
+    poller.register(fd, select.POLLIN)
     return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
 
 
@@ -379,6 +376,7 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
     err_r, err_w = os.pipe()
     code_r, code_w = os.pipe()
     stop_r, stop_w = os.pipe()
+    status_r, status_w = os.pipe()
     program_fds, ours = [res_w, nonce_r, err_w], [nonce_w, res_r, err_r]
     if isolated:
         call_r, call_w = os.pipe()
@@ -388,8 +386,8 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
     _zygote_pid, control = zygote
     oom_before = cgroup.oom_kills(_MEMORY_GROUP["dir"], _MEMORY_GROUP["kind"]) if _MEMORY_GROUP else 0
     header = {"_n": job["_n"], "timeout": timeout}
-    socket.send_fds(control, [marshal.dumps(header)], program_fds + [code_r, stop_r])
-    for fd in program_fds[:3] + [code_r, stop_r]:
+    socket.send_fds(control, [marshal.dumps(header)], program_fds + [code_r, stop_r, status_w])
+    for fd in program_fds[:3] + [code_r, stop_r, status_w]:
         os.close(fd)
     code = {"prompt": job["prompt"], "completion": job["completion"], "entry_point": job.get("entry_point")}
     if not isolated:
@@ -399,7 +397,7 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
         check_pid = os.fork()
         if check_pid == 0:
             _checker(cfg, job, call_w, reply_r, verdict_w,
-                     unused=ours + [call_r, reply_w, verdict_r, code_w, stop_w, control.fileno()])
+                     unused=ours + [call_r, reply_w, verdict_r, code_w, stop_w, status_r, control.fileno()])
         for fd in (call_r, reply_w, call_w, reply_r, verdict_w):
             os.close(fd)
     try:
@@ -413,15 +411,11 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
     except OSError:
         pass
     os.close(nonce_w)
-    _message, fds, _flags, _addr = socket.recv_fds(control, 16, 1)
-    if not fds:
-        raise RuntimeError("the zygote did not start the program")
-    pidfd = fds[0]  # the watchdog's: signals through it reach that process or fail, never a reused pid
     deadline = start + timeout
     verdict = ("", "")
     if isolated:
         check_fd = os.pidfd_open(check_pid)
-        checked = _wait_pidfd(check_fd, deadline)
+        checked = _wait_readable(check_fd, deadline)
         if not checked:
             signal.pidfd_send_signal(check_fd, signal.SIGKILL)
         os.waitpid(check_pid, 0)
@@ -434,19 +428,17 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
             stop_w = None
         elif checked:
             verdict = ("X", text[2:])
-    timed_out = not _wait_pidfd(pidfd, deadline if verdict[0] in ("", "X") else time.monotonic() + 10)
+    # The watchdog writes the program's wait status when it has reaped it (and EOF follows as it exits).
+    timed_out = not _wait_readable(status_r, deadline if verdict[0] in ("", "X") else time.monotonic() + 10)
     if stop_w is not None:
-        os.close(stop_w)
+        os.close(stop_w)  # the deadline: the watchdog kills the program (and the kernel, its whole namespace)
     if timed_out:
-        # The watchdog's wait returns once the namespace is torn down: wait for it (bounded).
-        if not _wait_pidfd(pidfd, time.monotonic() + 10):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        if not _wait_readable(status_r, time.monotonic() + 10):
+            raise RuntimeError("the watchdog did not end the program")  # the worker is replaced
         timed_out = verdict[0] in ("", "X")
-    os.close(pidfd)
-    reply = control.recv(16)
-    if len(reply) != 4:
-        raise RuntimeError("the zygote ended")
-    status = int.from_bytes(reply, "little")
+    reply = _drain(status_r)
+    os.close(status_r)
+    status = int.from_bytes(reply[:4], "little") if len(reply) >= 4 else WATCHDOG_ERROR << 8
     if not layers["pid_namespace"] and layers["uid"] is not None:
         _sweep_uid(layers["uid"])  # setsid escapees outside the program's group: by uid, not by pid
     data, errors = _drain(res_r), _drain(err_r)
@@ -553,7 +545,9 @@ def main() -> None:
     n = 0
     while True:
         job = _receive()
-        if job is None:
+        if job is None:  # the harness is done: the zygote sees EOF, exits, and we reap it
+            zygote[1].close()
+            os.waitpid(zygote[0], 0)
             return
         n += 1
         try:

@@ -16,7 +16,6 @@ import subprocess
 
 import pytest
 
-from codeparrot.errors import CodeParrotError
 from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
 from codeparrot.sandbox.seccomp import ALLOWED, ARCHES, build
 
@@ -42,36 +41,26 @@ REFUSED = {
 }
 
 
-def _start(config: SandboxConfig) -> Sandbox:
+def _start(start_box, config: SandboxConfig) -> Sandbox:
     if os.uname().machine != "x86_64":
         pytest.skip("the refused-call table of this test uses x86_64 numbers")
-    box = Sandbox(config, num_workers=1)
-    try:
-        layers = box.start()
-    except CodeParrotError as err:
-        box.close()
-        pytest.skip(str(err))
-    if not layers["program_seccomp"]:
-        box.close()
-        pytest.skip(f"no seccomp on this kernel: {layers['notes']}")
+    box = start_box(config)
+    if not box.layers["program_seccomp"]:
+        pytest.skip(f"no seccomp on this kernel: {box.layers['notes']}")
     return box
 
 
 @pytest.fixture(scope="module")
-def kernel_box():
+def kernel_box(start_box):
     """The default sandbox with the guard's containment rules off: what the kernel layers do alone."""
-    box = _start(SandboxConfig(timeout=5.0, guard=False))
-    yield box
-    box.close()
+    return _start(start_box, SandboxConfig(timeout=5.0, guard=False))
 
 
 @pytest.fixture(scope="module")
-def native_box():
+def native_box(start_box):
     """Guard off and spawning allowed, so a program can start an interpreter without any audit hook and
     run ctypes there: native code meeting only the kernel (the spawning variant of the allowlist)."""
-    box = _start(SandboxConfig(timeout=10.0, guard=False, allow_processes=True))
-    yield box
-    box.close()
+    return _start(start_box, SandboxConfig(timeout=10.0, guard=False, allow_processes=True))
 
 
 def _native(code: str) -> str:

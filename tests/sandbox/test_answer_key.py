@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.problems import load_problems
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox.client import Program, SandboxConfig
 
 # Looks everywhere a program can look without special privileges for text holding test assertions: the
 # frames above it (sys._getframe, a traceback's tb_frame.f_back, a generator's gi_frame.f_back), and every
@@ -113,16 +112,6 @@ def _forged(entry_point: str) -> str:
     return FORGER + f"\ndef {entry_point}(*args, **kwargs):\n    return _answer(args)\n"
 
 
-def _start(config: SandboxConfig, workers: int = 1) -> Sandbox:
-    box = Sandbox(config, num_workers=workers)
-    try:
-        box.start()
-    except CodeParrotError as err:
-        box.close()
-        pytest.skip(str(err))
-    return box
-
-
 def test_the_forger_and_the_scanner_work_when_the_test_is_reachable():
     """Positive control: with the task's test a local of a calling frame (as it was in the worker that forked
     the program), the forger answers correctly and the scanner finds the text."""
@@ -137,12 +126,12 @@ def test_the_forger_and_the_scanner_work_when_the_test_is_reachable():
     assert answer == 1 and any(task["test"] in text for text in found)
 
 
-def test_a_completion_that_forges_answers_from_the_test_passes_no_task():
+def test_a_completion_that_forges_answers_from_the_test_passes_no_task(start_box):
     """The forger as every task's completion, in the default sandbox: it never finds the test (0 of 164
     pass), while the same sandbox still passes all canonical solutions (run in the same worker, interleaved,
     so an earlier job's test would be there to find if anything leaked)."""
     problems = load_problems()
-    box = _start(SandboxConfig(timeout=5.0), workers=2)
+    box = start_box(SandboxConfig(timeout=5.0), workers=2)
     try:
         programs = []
         for p in problems:
@@ -158,7 +147,7 @@ def test_a_completion_that_forges_answers_from_the_test_passes_no_task():
     assert all(r.checker == "isolated" for r in forged)
 
 
-def test_a_program_finds_no_test_and_no_earlier_job_by_scanning_what_it_reaches():
+def test_a_program_finds_no_test_and_no_earlier_job_by_scanning_what_it_reaches(start_box):
     """On one worker, after jobs whose prompts and tests carry unique markers, a program that walks every
     frame, traceback, generator and reachable object finds neither its own test nor any earlier job's text,
     but does find its own prompt (the scan works inside the sandbox too)."""
@@ -175,7 +164,7 @@ def test_a_program_finds_no_test_and_no_earlier_job_by_scanning_what_it_reaches(
                        "any('own prompt marker' in t for t in texts)\n")
     test = (f"def check(candidate):\n    # {own_test_marker}\n    found, own = candidate()\n"
             "    assert own, 'the scan did not even find its own prompt'\n    assert found == [], found\n")
-    box = _start(SandboxConfig(timeout=10.0), workers=1)
+    box = start_box(SandboxConfig(timeout=10.0), workers=1)
     try:
         results = box.run(earlier + [Program("# own prompt marker\n", probe, test, "f")])
     finally:
@@ -212,14 +201,13 @@ def _memory_of(pid: int) -> bytes:
     return b"".join(chunks)
 
 
-def test_the_program_memory_holds_neither_its_test_nor_earlier_jobs():
+def test_the_program_memory_holds_neither_its_test_nor_earlier_jobs(start_box):
     """Read from outside (as root, every readable page of the running program): its own prompt is there,
     its test and the earlier jobs' prompts, completions and tests are not."""
     if os.geteuid() != 0:
         pytest.skip("reading another process's memory from outside needs root")
-    box = _start(SandboxConfig(timeout=8.0), workers=1)
+    box = start_box(SandboxConfig(timeout=8.0), workers=1)
     if box.layers.get("uid") is None:
-        box.close()
         pytest.skip(f"no private uid to find the program by: {box.layers['notes']}")
     markers = {name: f"{name}_{os.urandom(6).hex()}" for name in
                ("earlier_prompt", "earlier_completion", "earlier_test", "own_prompt", "own_test")}
@@ -255,12 +243,12 @@ def test_the_program_memory_holds_neither_its_test_nor_earlier_jobs():
     assert found == {"own_prompt"}, found
 
 
-def test_the_scanner_finds_text_in_gc_and_frames_only_when_present():
+def test_the_scanner_finds_text_built_at_run_time(start_box):
     """The in-sandbox scanner is not blind to strings built at run time (a guard against a scan that could
     never find anything): a marker the program itself assembles is found."""
     probe = SCANNER + ("def f():\n    secret = 'def check(' + 'candidate)'\n"
                        "    return len(find_test_text()) > 0\n")
-    box = _start(SandboxConfig(timeout=5.0), workers=1)
+    box = start_box(SandboxConfig(timeout=5.0), workers=1)
     try:
         result = box.run([Program("", probe, "def check(candidate):\n    assert candidate() is True\n", "f")])[0]
     finally:

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from codeparrot.errors import CodeParrotError
 from codeparrot.sandbox import cgroup
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox.client import Program, SandboxConfig
 
 MEMORY_MB, MARGIN_MB = 128, 48  # the margin: the interpreter's own pages and other agents' noise
 CHECK = "def check(candidate):\n    got = candidate()\n    assert got == 'done', got\n"
@@ -48,15 +47,11 @@ def _shmem_kib() -> int:
     raise AssertionError("no Shmem line in /proc/meminfo")
 
 
-def test_no_kind_of_memory_exceeds_memory_mb():
+def test_no_kind_of_memory_exceeds_memory_mb(start_box):
     config = SandboxConfig(timeout=10.0, memory_mb=MEMORY_MB, workspace_mb=512, file_mb=64, guard=False,
                            allow_processes=True)
-    box = Sandbox(config, num_workers=1)
-    try:
-        layers = box.start()
-    except CodeParrotError as err:
-        box.close()
-        pytest.skip(str(err))
+    box = start_box(config)
+    layers = box.layers
     try:
         if not layers.get("memory_cgroup"):
             pytest.skip("weaker mode (documented): no memory cgroup, the tmpfs workspace is bounded by "
