@@ -10,8 +10,8 @@ root), answers `{"hello": {layer: active}}`, then reads one job per frame on std
 per frame on stdout (frames: 8-byte length + `marshal`).
 
 Before the first job it forks the zygote (in guard-only mode, having loaded every extension module of
-the interpreter first: there the program's seccomp allowlist refuses all executable memory). Per job there is no exec, only forks (about
-2 ms instead of about 15 ms for a fresh interpreter):
+the interpreter first: there the program's seccomp allowlist refuses all executable memory). Per job
+there is no exec, only forks (about 2 ms instead of about 15 ms for a fresh interpreter):
 
     server ──fork (once, before any job)──> zygote ──fork──> watchdog: setsid, unshare(PID | IPC | mount)
                                                                ──fork──> program: pid 1 there
@@ -22,10 +22,10 @@ the program does not descend from it. The zygote receives only the job number, t
 pipes (SCM_RIGHTS); the program reads its own prompt and completion from a pipe (the test too only in the
 in-process fallback). So no frame, object or page of the program holds the test or another job's text.
 
-The zygote joins the worker's memory cgroup (so every program is born in it). The program mounts its own /proc and tmpfs workspace, sets its
-rlimits, drops to an unprivileged uid (or all capabilities in a user namespace), installs its seccomp
-allowlist (`seccomp.py`) and the audit-hook guard, then runs `child.serve_candidate` (isolated check) or
-`child.run_program` (in-process fallback). When the verdict is in or the wall-clock deadline passes, the
+The zygote joins the worker's memory cgroup (so every program is born in it). The program mounts its
+own /proc and tmpfs workspace, sets its rlimits, drops to an unprivileged uid (or all capabilities in a
+user namespace), installs its seccomp allowlist (`seccomp.py`) and the audit-hook guard, then runs
+`child.serve_candidate` (isolated check) or `child.run_program` (in-process fallback). When the verdict is in or the wall-clock deadline passes, the
 server closes the watchdog's stop pipe; the watchdog SIGKILLs the program through a pidfd of its own
 unreaped child (never a pid that may have been reused) and, without a PID namespace, its process group
 before reaping it. As the init of its PID namespace the program's death makes the kernel kill every
