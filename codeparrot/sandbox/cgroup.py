@@ -15,7 +15,9 @@ line says so, and memory is bounded by `RLIMIT_AS`, the workspace size and the s
 SysV/POSIX shared memory, memfd or io_uring).
 """
 
+import errno
 import os
+import time
 
 PREFIX = "codeparrot-sandbox-"
 
@@ -112,11 +114,18 @@ def create(name: str, limit_bytes: int) -> tuple[str, str]:
     raise OSError("; ".join(reasons))
 
 
-def remove(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
+def remove(path: str, wait_s: float = 2.0) -> None:
+    """Remove the group; while its last processes are still exiting (EBUSY) retry for up to `wait_s`.
+    One left behind is removed by the next Sandbox once its owner is gone (`remove_stale`)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
 
 
 def peak_bytes(path: str, kind: str) -> int:
