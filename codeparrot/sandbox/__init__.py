@@ -2,11 +2,39 @@
 
 Takes in: `Program`s (prompt + completion + test + entry point) and a `SandboxConfig`. Gives out: one result
 per program (passed / failed / timed out / error, with the reason). `client.py` is the harness side;
-`server.py` (the `python -I -S` worker), `checker.py` (the trusted process that runs the test),
-`channel.py` (the plain-data pipe protocol between them), `child.py` (the program's process: the
-audit-hook guard, the candidate's call loop, the in-process fallback), `kernel.py` (namespaces, mounts,
-seccomp), `rootfs.py` (the minimal filesystem view), `verdict.py` (how a job ended) and `cleanup.py` run
-inside the sandbox and use only the standard library, so they stay importable on their own.
+`server.py` (the `python -I -S` worker and its zygote), `checker.py` (the trusted process that runs the
+test), `channel.py` (the plain-data pipe protocol between them), `child.py` (the program's process: the
+audit-hook guard, the candidate's call loop, the in-process fallback), `kernel.py` (namespaces, mounts),
+`seccomp.py` (the syscall allowlist), `cgroup.py` (the memory cgroup), `rootfs.py` (the minimal
+filesystem view), `verdict.py` (how a job ended) and `cleanup.py` run inside the sandbox and use only the
+standard library, so they stay importable on their own.
+
+Threat model. The attacker writes the completion, knows this source, and wants a pass it did not earn,
+the host's data or processes, or the host's resources. What is isolated, and by which layer:
+- the verdict: the test runs in a trusted checker process; the candidate answers over plain-data pipes
+  (`checker.py`, `channel.py`). The answer key never enters the program's process: programs descend from
+  a zygote forked before the first job, which never receives a test or any job's text, and read only their
+  own prompt and completion from a pipe (`server.py`). Frames, objects and memory pages of the program
+  hold neither its test nor earlier jobs;
+- the kernel interface: a seccomp allowlist measured on pure-Python programs; everything else fails with
+  ENOSYS/EPERM (memfd, io_uring, keyrings, bpf, perf, userfaultfd, ptrace, process_vm_*, mount and
+  namespace calls, socket(), SysV/POSIX IPC, prctl); no new executable memory, so no native code but the
+  interpreter's own extension modules (loaded before the zygote forks) can run (`seccomp.py`);
+- memory: a memory cgroup per worker that each program joins (`memory_mb` for everything it holds:
+  heap, tmpfs, shared memory, kernel buffers) plus RLIMIT_AS (`cgroup.py`);
+- processes, files, network: PID/IPC/mount/network namespaces, a minimal read-only filesystem view, a
+  private uid, rlimits (`kernel.py`, `rootfs.py`); signals only through pidfds or to unreaped children.
+Out of scope: a model that memorised the answers passes any HumanEval scorer (contamination is a data
+problem, see the decontamination stage); CPU use within the time limits; kernel bugs reachable through the
+allowed calls; the in-process fallback (results marked `in-process`), where the test runs beside the
+program and integrity is best effort.
+Weaker modes, each printed at start ("sandbox: weaker mode: ...") and named in the layers line of
+results.json, never silent: without user namespaces (not root) there are no namespaces and no private
+uid, and the audit-hook guard plus the seccomp allowlist are the barrier (best effort for the guard);
+without a writable cgroup (v2, or v1's memory controller) memory is bounded by RLIMIT_AS, the workspace
+size and the allowlist (no shared memory routes), not by one counter; without seccomp nothing stops
+native code from the kernel interface, and running as root without a private uid is refused unless
+`allow_root=True`.
 """
 
 from codeparrot.sandbox.client import (

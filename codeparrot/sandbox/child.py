@@ -49,9 +49,9 @@ candidate returning an object whose `__eq__` always says True; code that walks i
 the nonce or patch the test's namespace; `dup2` over the result pipe; import hooks left in
 `sys.meta_path`. None of them weakens containment, which the operating system enforces. In guard-only
 mode, native code is out of any audit hook's reach: ctypes is refused (its dlopen/dlsym/call events), but
-a syscall made from native code some other way (an extension module loaded under another name, a
-memory-corruption bug) is not seen by the guard; the seccomp filter the worker installs is what stops
-spawning, new user namespaces, unix sockets and kill/pidfd/ptrace of other processes there.
+a syscall made from native code some other way (a memory-corruption bug) is not seen by the guard; the
+seccomp allowlist the worker installs (`seccomp.py`) is what limits the kernel interface there, and it
+refuses new executable memory, so no extension module the program brings can load at all.
 Functions that signal other processes without an audit event (`os.pidfd_open`,
 `signal.pidfd_send_signal`, ...) are removed before the guard installs, a speed bump only.
 """

@@ -28,9 +28,14 @@ Enforced by the kernel (real boundaries):
   workspace per program; no other host path exists for the program (the project, /etc, /home, /tmp and
   /run with their unix sockets). Where it cannot be built: the host's tree, read-only, with the home
   folders ($HOME, the user's home, /root, /home) covered by an empty tmpfs;
-- a seccomp filter on every program: no new user namespace, no unix-domain socket, no process spawning
-  unless `allow_processes`; without a PID namespace and a private uid (guard-only mode) also no kill/
-  tgkill/pidfd/ptrace of any process but the program itself, whoever issues them (ctypes included);
+- a seccomp allowlist on every program (`seccomp.py`): the system calls a pure-Python program needs,
+  everything else refused (memfd, io_uring, keyrings, bpf, ptrace, sockets, IPC, namespaces, executable
+  memory, process spawning unless `allow_processes`); without a PID namespace and a private uid
+  (guard-only mode) also no signal to any process but the program itself, whoever issues it;
+- a memory cgroup per worker (`cgroup.py`) where cgroup v2 or v1's memory controller is writable:
+  `memory_mb` bounds everything a program holds (heap, tmpfs workspace, shared memory, kernel buffers);
+- programs descend from a zygote forked before the first job: the test and other jobs' text are never in
+  a program's memory;
 - an empty environment (HOME and TMPDIR point at the workspace), stdin/stdout/stderr on /dev/null.
 
 In the interpreter (best effort, `guard=True`; the only containment when the kernel offers none of the
@@ -43,14 +48,14 @@ security boundary: functions without an audit event (`os.pidfd_open` + `signal.p
 any syscall made from native code (an extension module loaded under another name) is invisible to it.
 Only the kernel layers stop those. See `child.py` for the guard's rules.
 
-Not restricted: CPU use within the limits, and memory across processes beyond RLIMIT_AS x RLIMIT_NPROC (no
-memory cgroup: the system's cgroup tree is not ours to change). Without the minimal view, reading files
+Not restricted: CPU use within the limits; without a writable memory cgroup, memory across processes
+beyond RLIMIT_AS x RLIMIT_NPROC (printed as a weaker mode at start). Without the minimal view, reading files
 the program's uid may read outside the home folders (the private uid cannot enter 0700 folders; as the
 harness's own user without a mount namespace it reads what you can, your home included). Root without the
 private uid is refused unless `allow_root=True`.
 
 Worker processes start once; a program costs three forks of a ~15 MB process (watchdog, program,
-checker), not a new interpreter.
+checker), not a new interpreter. See the package docstring for the threat model.
 
 Each Sandbox works in `$TMPDIR/codeparrot-sandbox-<pid>-*/`, holding an flock on its `owner.lock` while it
 lives. A harness killed with SIGKILL cannot remove it; the next Sandbox started by the same user removes
@@ -78,6 +83,7 @@ from queue import Empty, Queue
 from typing import Callable, Sequence
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.sandbox import cgroup
 from codeparrot.sandbox.cleanup import remove_tree
 
 SERVER = Path(__file__).with_name("server.py")
@@ -225,10 +231,16 @@ def describe_layers(layers: dict) -> str:
         parts.append("IPC namespace per program (SysV/POSIX IPC dies with it)")
     if layers.get("fresh_proc"):
         parts.append("own /proc per program (host processes invisible) + per-program tmpfs workspace")
+    if layers.get("memory_cgroup"):
+        parts.append(f"memory cgroup {layers['memory_cgroup']} per worker (everything a program holds: heap, "
+                     "tmpfs, shared memory, kernel buffers)")
+    else:
+        parts.append("no memory cgroup (memory bounded by the address-space limit and the syscall allowlist)")
     if layers.get("program_seccomp"):
-        parts.append("seccomp: no new user namespace" + ("" if layers.get("spawning") else ", no process spawning"))
+        parts.append("seccomp syscall allowlist (no executable memory, no sockets, no IPC, memfd, io_uring, keys"
+                     + (")" if layers.get("spawning") else ", no process spawning)"))
     if layers.get("seccomp"):
-        parts.append("seccomp: no signals/pidfd/ptrace to other processes")
+        parts.append("seccomp: no signals to other processes")
     parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
     return "; ".join(parts)
 
@@ -236,10 +248,11 @@ def describe_layers(layers: dict) -> str:
 class _Server:
     """One worker (`server.py`) process and its frame protocol."""
 
-    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int):
+    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int,
+                 memory_group: tuple):
         settings = asdict(config)
         settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None,
-                        hide=home_folders())
+                        hide=home_folders(), memory_cgroup=memory_group)
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
@@ -316,10 +329,13 @@ class Sandbox:
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self.uid_base = self.config.uid_base if self.config.uid_base is not None else pick_uid_base(self.num_workers)
         self._servers: list[_Server | None] = [None] * self.num_workers
+        # Per worker: (memory cgroup folder, "v1"/"v2") or (None, why not); made at its first start.
+        self.memory_groups: list[tuple | None] = [None] * self.num_workers
         self._lock = threading.Lock()
         self.layers: dict | None = None
-        # Workers and the workspace go away even when close() is never called (e.g. start() raised).
-        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root, self._owner_fd)
+        # Workers, their cgroups and the workspace go away even when close() is never called (e.g. start() raised).
+        self._finalizer = weakref.finalize(self, _shutdown, self._servers, self._root, self._owner_fd,
+                                           self.memory_groups)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -333,7 +349,14 @@ class Sandbox:
             workspace = self._root / f"worker-{slot}"
             workspace.mkdir(mode=0o711, exist_ok=True)
             os.chmod(workspace, 0o711)
-            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base)
+            if self.memory_groups[slot] is None:
+                try:
+                    self.memory_groups[slot] = cgroup.create(f"{os.getpid()}-{self._root.name[-8:]}-{slot}",
+                                                             int(self.config.memory_mb) << 20)
+                except OSError as err:
+                    self.memory_groups[slot] = (None, str(err))
+            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base,
+                             self.memory_groups[slot])
             self._servers[slot] = server
             with self._lock:
                 if self.layers is None:
@@ -341,8 +364,11 @@ class Sandbox:
         return server
 
     def start(self) -> dict:
-        """Start the first worker (the others start on first use); return the active layers."""
+        """Start the first worker (the others start on first use); return the active layers. Each layer
+        the kernel refused is printed (stderr) as a weaker-mode line, never left silent."""
         self._server(0)
+        for note in self.layers.get("notes", []):
+            print(f"sandbox: weaker mode: {note}", file=sys.stderr)
         return self.layers
 
     def _execute(self, slot: int, program: Program, timeout: float) -> ExecResult:
@@ -406,10 +432,14 @@ class Sandbox:
         self._finalizer()
 
 
-def _shutdown(servers: list, root: Path, owner_fd: int) -> None:
+def _shutdown(servers: list, root: Path, owner_fd: int, memory_groups: list) -> None:
     for slot, server in enumerate(servers):
         if server is not None:
             server.close()
             servers[slot] = None
+    for slot, group in enumerate(memory_groups):
+        if group is not None and group[0] is not None:
+            cgroup.remove(group[0])  # empty now: its programs ended with their worker
+            memory_groups[slot] = None
     remove_tree(str(root))  # iterative: a 2,000-deep chain left behind cannot make this raise
     os.close(owner_fd)

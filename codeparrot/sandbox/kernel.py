@@ -16,20 +16,22 @@ by a program that keeps our uid (user-namespace mode). What must stay reachable 
 interpreter's prefix and sys.path when Python lives under $HOME, e.g. pyenv; the workspace) is
 bind-mounted back at its own path from a descriptor opened before the cover went on.
 
-Where processes outside the program's own are visible and signalable (no PID namespace and no private
-uid: the guard-only mode), `no_foreign_signals` installs a seccomp filter: kill/tgkill/pidfd/ptrace and
-other syscalls that act on another process fail with EPERM in the kernel, whatever Python or native code
-issues them.
+Every program gets the seccomp allowlist of `seccomp.py` (`program_filter`); where processes outside the
+program's own are visible and signalable (no PID namespace and no private uid: the guard-only mode), its
+signal rule also limits kill/tgkill to the program itself, whatever Python or native code issues them.
 """
 
 import ctypes
 import os
 import sys
 
+import seccomp
+
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWIPC, MS_NOEXEC, MNT_DETACH = 0x08000000, 8, 2
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442  # 442 on every arch
+MOUNT_ATTR_NOEXEC = 8
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
 # Never covered, even when $HOME names one (HOME=/ or HOME=/usr would hide the system): these folders, their
 # ancestors, and anything inside the system trees.
@@ -75,9 +77,11 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _ok(_libc.syscall(ctypes.c_long(number), new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def set_readonly(path: str, readonly: bool, recursive: bool) -> None:
-    """mount_setattr(2): make the mount at `path` (and every mount below it) read-only, or writable."""
-    attr = _MountAttr(MOUNT_ATTR_RDONLY if readonly else 0, 0 if readonly else MOUNT_ATTR_RDONLY, 0, 0)
+def set_readonly(path: str, readonly: bool, recursive: bool, noexec: bool = False) -> None:
+    """mount_setattr(2): make the mount at `path` (and every mount below it) read-only, or writable; with
+    `noexec`, also not executable (nothing on it can be mapped to run)."""
+    extra = MOUNT_ATTR_NOEXEC if noexec else 0
+    attr = _MountAttr((MOUNT_ATTR_RDONLY if readonly else 0) | extra, 0 if readonly else MOUNT_ATTR_RDONLY, 0, 0)
     ret = _libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), path.encode(),
                         ctypes.c_uint(AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
                         ctypes.c_size_t(ctypes.sizeof(attr)))
@@ -97,128 +101,27 @@ def drop_capabilities() -> None:
     _ok(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
-# seccomp: syscalls that act on another process, per architecture (AUDIT_ARCH, {name: number}).
-_SYSCALLS = {
-    "x86_64": (0xC000003E, {"kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
-                            "rt_tgsigqueueinfo": 297, "ptrace": 101, "setpriority": 141, "sched_setparam": 142,
-                            "sched_setscheduler": 144, "sched_setaffinity": 203, "ioprio_set": 251,
-                            "migrate_pages": 256, "move_pages": 279, "prlimit64": 302, "process_vm_readv": 310,
-                            "process_vm_writev": 311, "sched_setattr": 314}),
-    "aarch64": (0xC00000B7, {"kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
-                             "rt_tgsigqueueinfo": 240, "ptrace": 117, "setpriority": 140, "sched_setparam": 118,
-                             "sched_setscheduler": 119, "sched_setaffinity": 122, "ioprio_set": 30,
-                             "migrate_pages": 238, "move_pages": 239, "prlimit64": 261, "process_vm_readv": 270,
-                             "process_vm_writev": 271, "sched_setattr": 274}),
-}
-_SAME_ON_ALL = {"pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_madvise": 440}
-_DENY_ALWAYS = ("tkill", "ptrace", "process_vm_readv", "process_vm_writev", "setpriority", "ioprio_set",
-                "pidfd_send_signal", "pidfd_open", "pidfd_getfd", "process_madvise")
-_SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: our own pid
-_SELF_OR_ZERO = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr",
-                 "migrate_pages", "move_pages")  # first argument: 0 (= us) or our own pid
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-_SPAWN = {"x86_64": {"socket": 41, "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "unshare": 272, "setns": 308,
-                     "execveat": 322},
-          "aarch64": {"socket": 198, "clone": 220, "execve": 221, "unshare": 97, "setns": 268, "execveat": 281}}
-_CLONE3 = 435  # same on every arch; its flags live in memory the filter cannot read: ENOSYS (glibc falls back)
-CLONE_THREAD = 0x00010000
-
-
-def program_filter(pid: int, foreign_signals: bool, spawning: bool, built=None) -> None:
-    """Install the program's seccomp filter (needs PR_SET_NO_NEW_PRIVS); inherited by its children.
-    `built`: the same filter from `build_program_filter`, made once before the fork (saves ~0.3 ms each).
-    """
-    fprog = built if built is not None else build_program_filter(pid, foreign_signals, spawning)
-    _ok(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0),
-                    ctypes.c_ulong(0)), "seccomp filter")
-
-
-def build_program_filter(pid: int, foreign_signals: bool, spawning: bool):
-    """The BPF program (a `sock_fprog`) of the program's seccomp filter.
-
-    Always: no unix-domain socket (socket(AF_UNIX): EPERM), no new user namespace (unshare/clone with CLONE_NEWUSER, setns: EPERM; clone3: ENOSYS so libc
-    falls back to clone, which the filter can read). `foreign_signals`: signals only to `pid` itself; no
-    pidfd, ptrace, process_vm_*, no priority/affinity/limit changes of another process. Unless `spawning`:
-    no new process at all (fork, vfork, clone without CLONE_THREAD, execve, execveat: EPERM), whatever
-    Python or native code asks (posix_spawn, _posixsubprocess, pty, ctypes); threads still work.
-
-    seccomp_data: nr (u32) at offset 0, arch (u32) at 4, args (u64 each) from 16; the kernel reads an int
-    argument as the low 32 bits, which is all we compare. Another ABI (x32, i386) gets EPERM for everything.
-    """
-    machine = os.uname().machine
-    if machine not in _SYSCALLS:
-        raise OSError(f"seccomp filter: no syscall table for {machine}")
-    arch, numbers = _SYSCALLS[machine]
-    numbers = {**numbers, **_SAME_ON_ALL, **_SPAWN[machine]}
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, JMP|JSET|K
-    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
-    checks = [(numbers["socket"], "unix"), (numbers["unshare"], "ns"), (numbers["setns"], "deny"), (_CLONE3, "enosys"),
-              (numbers["clone"], "ns" if spawning else "thread")]
-    if not spawning:
-        checks += [(numbers[n], "deny") for n in ("fork", "vfork", "execve", "execveat") if n in numbers]
-    if foreign_signals:
-        checks += ([(numbers[n], "deny") for n in _DENY_ALWAYS] + [(numbers[n], "self") for n in _SELF_ONLY]
-                   + [(numbers[n], "zero") for n in _SELF_OR_ZERO])
-    pid32 = pid & 0xFFFFFFFF
-    # Tails: each a short block ending in a return; jumps to them are relative (next pc = pc + 1 + offset).
-    blocks = {
-        "deny": [(ret, 0, 0, eperm)],
-        "enosys": [(ret, 0, 0, enosys)],
-        # socket(AF_UNIX): a unix socket on a host path (a container runtime's control socket) is reachable
-        # through a read-only mount and outside any network namespace; socketpair() stays allowed.
-        "unix": [(ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
-        "self": [(ld, 0, 0, 16), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
-        "zero": [(ld, 0, 0, 16), (jeq, 2, 0, 0), (jeq, 1, 0, pid32), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
-        "ns": [(ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, eperm), (ret, 0, 0, allow)],
-        "thread": [(ld, 0, 0, 16), (jset, 1, 0, CLONE_NEWUSER), (jset, 1, 0, CLONE_THREAD), (ret, 0, 0, eperm),
-                   (ret, 0, 0, allow)],
-    }
-    head = 5 + len(checks) + 1  # arch check (3), load nr, x32 check, one jeq per syscall, allow
-    where, at = {}, head
-    for name, block in blocks.items():
-        where[name] = at
-        at += len(block)
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0),
-            (jge, where["deny"] - 5, 0, 0x40000000)]
-    for number, kind in checks:
-        prog.append((jeq, where[kind] - len(prog) - 1, 0, number))
-    prog.append((ret, 0, 0, allow))
-    for block in blocks.values():
-        prog += block
-    if len(prog) > 250:
-        raise OSError("seccomp filter: program too long for 8-bit jumps")
-    filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
-    return _SockFprog(len(prog), filters)  # keeps `filters` alive (ctypes records the pointer's target)
-
-
-def no_foreign_signals(pid: int) -> None:
-    """The guard-only filter: signals only to `pid`, no new user namespace; spawning allowed."""
-    program_filter(pid, foreign_signals=True, spawning=True)
+def program_filter(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, built=None) -> None:
+    """Install the program's seccomp allowlist (`seccomp.py`; needs PR_SET_NO_NEW_PRIVS), inherited by its
+    children. `built`: the same filter from `seccomp.build`, made once before the fork (saves ~0.3 ms)."""
+    fprog = built if built is not None else seccomp.build(pid, foreign_signals, spawning, exec_files)
+    seccomp.install(fprog, _libc)
 
 
 def _program_filter_works() -> bool:
-    """In a throwaway child: with the filter (no spawning), a thread starts, while fork, exec and
-    unshare(CLONE_NEWUSER) fail with EPERM."""
+    """In a throwaway child: with the allowlist (no spawning), a thread starts, while fork, exec and
+    unshare(CLONE_NEWUSER) fail."""
     def check():
         import threading
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        program_filter(os.getpid(), foreign_signals=False, spawning=False)
+        program_filter(os.getpid(), foreign_signals=False, spawning=False, exec_files=False)
         thread = threading.Thread(target=lambda: None)
         thread.start()
         thread.join()
         for attempt in (os.fork, lambda: os.execv("/bin/true", ["true"]), lambda: unshare(CLONE_NEWUSER)):
             try:
                 pid = attempt()
-            except PermissionError:
+            except OSError:  # EPERM (fork, clone) or ENOSYS (not on the allowlist)
                 continue
             if pid == 0:
                 os._exit(0)
@@ -231,7 +134,7 @@ def _seccomp_works() -> bool:
     while kill(self, 0) succeeds."""
     def check():
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        no_foreign_signals(os.getpid())
+        program_filter(os.getpid(), foreign_signals=True, spawning=True, exec_files=True)
         os.kill(os.getpid(), 0)
         try:
             os.kill(os.getppid(), 0)
@@ -375,8 +278,9 @@ def setup(cfg: dict, enter_root=None) -> dict:
                     layers["minimal_root"], layers["workspace_tmpfs"] = view, True
                     layers["hidden_homes"] = homes  # absent from the view but for the interpreter's folders
                 else:
-                    try:
-                        mount("tmpfs", ws, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(cfg['workspace_mb'])}m,mode=0711")
+                    try:  # noexec: nothing a program writes there can be mapped to run
+                        mount("tmpfs", ws, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                              f"size={int(cfg['workspace_mb'])}m,mode=0711")
                         layers["workspace_tmpfs"] = True
                     except OSError:
                         mount(ws, ws, None, MS_BIND)  # the workspace as its own mount, so it can stay writable
@@ -394,7 +298,7 @@ def setup(cfg: dict, enter_root=None) -> dict:
                         layers["path_map"].append((source, target))
                 stdlib_unreadable = False
                 set_readonly("/", readonly=True, recursive=True)
-                set_readonly(ws, readonly=False, recursive=False)  # its stdlib binds stay read-only
+                set_readonly(ws, readonly=False, recursive=False, noexec=True)  # its stdlib binds: read-only
                 layers["readonly_root"] = True
             except OSError as err:
                 layers["notes"].append(f"mount namespace incomplete ({err}): writes are confined by uid/guard only")

@@ -12,7 +12,7 @@ exists for the worker, its trusted checker or its programs. The new root holds, 
   each bound as a single file at its real path, plus the symlinks that name it (`/lib -> usr/lib`,
   sonames, the ELF interpreter `/lib64/ld-linux-x86-64.so.2`) recreated as the same symlinks, and
   `/etc/ld.so.cache` (so `dlopen` finds them the usual way);
-- `/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`, and the symlinks `/dev/fd`,
+- `/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom` (noexec), and the symlinks `/dev/fd`,
   `/dev/stdin`, `/dev/stdout`, `/dev/stderr` into `/proc/self`;
 - `/proc` (the worker's; each program mounts a fresh one over it in its own PID namespace);
 
@@ -41,6 +41,15 @@ SKIP_MODULES = frozenset({"_tkinter"})  # X11 and Tcl/Tk libraries, for windows 
 MAX_LINKS = 40  # symlinks followed per path, like the kernel's ELOOP limit
 
 
+def extension_modules() -> list[str]:
+    """Names of the extension modules the interpreter ships (`lib-dynload`), `_tkinter` left out."""
+    names = []
+    for folder in sys.path:
+        if os.path.basename(folder) == "lib-dynload" and os.path.isdir(folder):
+            names += [name.split(".", 1)[0] for name in sorted(os.listdir(folder)) if name.endswith(".so")]
+    return [name for name in names if name not in SKIP_MODULES]
+
+
 def loaded_libraries() -> list[str]:
     """Real paths of the ELF files this interpreter maps once every extension module in `lib-dynload` is
     imported: the executable, libpython, libc, the libraries behind `_ssl`, `_decimal`, `zlib`, ... Found
@@ -53,15 +62,11 @@ def loaded_libraries() -> list[str]:
             devnull = os.open("/dev/null", os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            for folder in sys.path:
-                if os.path.basename(folder) == "lib-dynload" and os.path.isdir(folder):
-                    for name in sorted(os.listdir(folder)):
-                        module = name.split(".", 1)[0]
-                        if name.endswith(".so") and module not in SKIP_MODULES:
-                            try:
-                                __import__(module)
-                            except BaseException:  # noqa: BLE001 - a module that cannot load is not needed
-                                pass
+            for module in extension_modules():
+                try:
+                    __import__(module)
+                except BaseException:  # noqa: BLE001 - a module that cannot load is not needed
+                    pass
             with open("/proc/self/maps") as maps:
                 paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
             data = "\n".join(sorted(p for p in paths if p.startswith("/"))).encode()
@@ -203,8 +208,9 @@ def enter_minimal_root(workspace: str, workspace_mb: int) -> dict:
         for path in names + ([interpreter] if interpreter else []) + [LD_CACHE]:
             mirror(root, path)  # optional: a name the loader may use
         for device in DEVICES:
-            if os.path.exists(device) and stat.S_ISCHR(os.stat(device).st_mode):
-                mirror(root, device)
+            if os.path.exists(device) and stat.S_ISCHR(os.stat(device).st_mode) and mirror(root, device):
+                # /dev/zero mapped executable would be fresh executable memory: the binds are noexec
+                set_readonly(root + device, readonly=True, recursive=False, noexec=True)
         os.makedirs(root + "/dev", 0o755, exist_ok=True)
         for link, target in DEVICE_LINKS.items():
             os.symlink(target, root + link)

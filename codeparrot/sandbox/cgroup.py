@@ -1,0 +1,148 @@
+"""A memory cgroup per sandbox worker, holding its programs one at a time (stdlib only).
+
+`RLIMIT_AS` bounds a process's address space, not the memory it makes the kernel hold for it: tmpfs pages
+(its workspace), shared memory, pipe and socket buffers, page tables. A memory cgroup counts all of that.
+The harness (`client.py`, which still sees the host's /sys) creates one per worker below its own cgroup:
+cgroup v2 (`memory.max`, `memory.swap.max` 0) where the memory controller can be delegated there, else
+cgroup v1's memory controller (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` when swap is
+accounted). The worker (`server.py`) opens the group's `cgroup.procs` before it pivots away from /sys;
+each program writes itself into it before dropping privileges, so the program and everything it starts
+share `memory_mb`, whatever kind of memory they use; over it the kernel's OOM killer ends the program and
+the result says "memory limit (cgroup)".
+
+Where neither is writable (no root, no delegation), `create` raises OSError with the reason, the layers
+line says so, and memory is bounded by `RLIMIT_AS`, the workspace size and the seccomp allowlist (no
+SysV/POSIX shared memory, memfd or io_uring).
+"""
+
+import errno
+import os
+import time
+
+PREFIX = "codeparrot-sandbox-"
+
+
+def _own_cgroups() -> dict:
+    """{"v2": path} and/or {"v1": path} of the memory hierarchy this process is in (paths inside each)."""
+    found = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            number, controllers, path = line.rstrip("\n").split(":", 2)
+            if number == "0" and controllers == "":
+                found["v2"] = path
+            elif "memory" in controllers.split(","):
+                found["v1"] = path
+    return found
+
+
+def _mounts() -> dict:
+    """{"v2": (mount point, root), "v1": (mount point, root)} of the cgroup file systems (memory for v1)."""
+    found = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, right = line.rstrip("\n").split(" - ", 1)
+            fields, (fstype, _source, options) = left.split(), right.split(" ", 2)
+            root, point = fields[3], fields[4].replace("\\040", " ")
+            if fstype == "cgroup2" and "v2" not in found:
+                found["v2"] = (point, root)
+            elif fstype == "cgroup" and "memory" in options.split(",") and "v1" not in found:
+                found["v1"] = (point, root)
+    return found
+
+
+def _inside(point: str, root: str, path: str) -> str:
+    relative = path[len(root):] if root != "/" and path.startswith(root) else path
+    return point.rstrip("/") + "/" + relative.strip("/")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def remove_stale(parent: str) -> None:
+    """Remove empty groups of harnesses that are gone (SIGKILLed: their cleanup never ran)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(PREFIX):
+            owner = name[len(PREFIX):].split("-", 1)[0]
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                try:
+                    os.rmdir(os.path.join(parent, name))
+                except OSError:
+                    pass
+
+
+def create(name: str, limit_bytes: int) -> tuple[str, str]:
+    """Create the group `PREFIX + name` below ours with a hard memory limit; return (path, "v2" or "v1").
+    Raises OSError naming why neither hierarchy can be used."""
+    reasons = []
+    own, mounts = _own_cgroups(), _mounts()
+    for kind in ("v2", "v1"):
+        if kind not in own or kind not in mounts:
+            reasons.append(f"no cgroup {kind} memory hierarchy")
+            continue
+        parent = _inside(*mounts[kind], own[kind])
+        path = os.path.join(parent, PREFIX + name)
+        try:
+            if kind == "v2":
+                with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                    if "memory" not in f.read().split():
+                        _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+            remove_stale(parent)
+            os.mkdir(path, 0o755)
+        except OSError as err:
+            reasons.append(f"cgroup {kind} not writable at {parent} ({err.strerror or err})")
+            continue
+        try:
+            if kind == "v2":
+                _write(os.path.join(path, "memory.max"), str(limit_bytes))
+                if os.path.exists(os.path.join(path, "memory.swap.max")):
+                    _write(os.path.join(path, "memory.swap.max"), "0")
+            else:
+                _write(os.path.join(path, "memory.limit_in_bytes"), str(limit_bytes))
+                if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
+                    _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(limit_bytes))
+        except OSError as err:
+            remove(path)
+            reasons.append(f"cgroup {kind}: cannot set the limit ({err.strerror or err})")
+            continue
+        return path, kind
+    raise OSError("; ".join(reasons))
+
+
+def remove(path: str, wait_s: float = 2.0) -> None:
+    """Remove the group; while its last processes are still exiting (EBUSY) retry for up to `wait_s`.
+    One left behind is removed by the next Sandbox once its owner is gone (`remove_stale`)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+
+
+def peak_bytes(path: str, kind: str) -> int:
+    """The most memory the group has held (v2 `memory.peak`, v1 `memory.max_usage_in_bytes`)."""
+    with open(os.path.join(path, "memory.peak" if kind == "v2" else "memory.max_usage_in_bytes")) as f:
+        return int(f.read().split()[0])
+
+
+def oom_kills(dir_fd: int, kind: str) -> int:
+    """How many processes the kernel's OOM killer has ended in the group (`dir_fd`: the group's folder)."""
+    fd = os.open("memory.events" if kind == "v2" else "memory.oom_control", os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        text = os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
