@@ -1,6 +1,6 @@
 """What a preprocessing run reports: the running totals both engines fill (`Totals`), `stats.json`
 (`build_stats`), the human summary scripts/preprocess.py prints (`format_summary`) and `duplicate_clusters.json`
-(`write_clusters`). Shared by the local engine (`codeparrot.data.preprocess`) and the Ray engine
+(`write_clusters`). Shared by the local engine (`codeparrot.data.local_engine`) and the Ray engine
 (`codeparrot.data.ray_engine`), so the two write the same files from the same totals.
 """
 

@@ -1,8 +1,8 @@
 """`preprocess.py --engine ray`: the same pipeline as `codeparrot.data.preprocess`, scheduled by Ray Data.
 
-Only the scheduler differs: every per-record decision is made by the local engine's own functions (the record
-reader and bad-line policy of `records`, `strip_whitespace`/`digest_of_stripped`, `preprocess.ChunkWorker`
-for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`,
+Only the scheduler differs (`codeparrot.data.engine` is the interface both engines implement): every per-record
+decision is made by the local engine's own functions (the record reader and bad-line policy of `records`,
+`strip_whitespace`/`digest_of_stripped`, `record_work.ChunkWorker` for the filters, decontamination and MinHash, `lsh.find_clusters`, `shards.ShardWriter`,
 `preprocess_stats.build_stats`), so the output is byte for byte the local engine's whatever the number of
 blocks, workers or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
 `ray_read`), and every "first wins" rule is "smallest id wins", which is input order.
@@ -32,7 +32,6 @@ no dashboard and no usage statistics, every server of it (GCS, raylet, workers, 
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import os
 import shutil
@@ -45,11 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.atomic_io import atomic_write_json
+from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
+from codeparrot.data.engine import EngineJob
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import find_clusters
-from codeparrot.data.preprocess import DECONTAMINATED, ChunkWorker, PreprocessConfig
+from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
+from codeparrot.data.record_work import ChunkWorker, count_decisions
 from codeparrot.data.ray_read import LINE_BITS, Locations, good_rows, read_unit, read_units, replay_bad
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardWriter
@@ -238,13 +240,11 @@ def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
     return digests < np.uint64(math.ceil(bound))
 
 
-def preprocess_on_ray(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, out: Path,
-                      start: float) -> dict[str, Any]:
-    """`preprocess` with Ray Data as the scheduler (see the module docstring); returns the stats."""
-    started = start_ray(cfg)
+def run(job: EngineJob) -> dict[str, Any]:
+    """The `engine.Engine` of Ray Data (see the module docstring): the output into `job.tmp`; returns the stats."""
+    started = start_ray(job.cfg)
     try:
-        with atomic_dir(out) as tmp:
-            return _run(cfg, paths, worker, tmp, start)
+        return _run(job.cfg, job.paths, job.worker, job.tmp, job.start)
     finally:
         if started:
             import ray
@@ -289,11 +289,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
                                   "cpu_decontaminate", "cpu_minhash"]).iter_batches(batch_format="pandas"):
         for stage in ("filters", "decontaminate", "minhash"):
             totals.seconds[stage] += float(b[f"cpu_{stage}"].sum())
-        for reason, count in b["reason"].value_counts().items():
-            if reason.startswith(DECONTAMINATED):
-                totals.decontaminated[reason[len(DECONTAMINATED):]] += int(count)
-            elif reason:
-                totals.filtered[reason] += int(count)
+        count_decisions(totals, ((reason, int(count)) for reason, count in b["reason"].value_counts().items()))
         kept_parts.append(b[b["reason"] == ""][["id", "digest", "nbytes", "has_sig"]])
     kept = _concat_sorted(kept_parts)
     totals.files["filters"] = len(winners)
@@ -380,8 +376,7 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locat
         os.unlink(sig_path)
     totals.seconds["clustering"] = time.perf_counter() - t
     totals.files["clustering"] = n
-    for cluster in clusters:
-        drop[cluster[1:]] = True  # the first member (earliest in input order) of each cluster is kept
+    drop |= near_duplicates_to_drop(clusters, n)
     totals.near_duplicates = int(drop.sum())
     rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, dtype=np.int64)
     members: dict[int, dict] = {}
@@ -390,10 +385,6 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locat
         raw_by_id = {int(i): r for i, r in zip(*(found.select_columns(["id", "raw"]).to_pandas()[c]
                                                    for c in ("id", "raw")))}
         for row in rows.tolist():
-            record, rid = json.loads(raw_by_id[int(ids[row])]), int(ids[row])
-            members[row] = {"repo_name": record.get("repo_name"), "path": record.get("path"),
-                            "input": str(locate(rid)),
-                            "kept": not drop[row]}
-    return {"num_clusters": len(clusters), "files_in_clusters": len(members), "near_duplicates": int(drop.sum()),
-            "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm,
-            "clusters": [[members[int(r)] for r in c] for c in clusters]}
+            rid = int(ids[row])
+            members[row] = member_entry(member_fields(raw_by_id[rid]), str(locate(rid)), not drop[row])
+    return clusters_report(cfg, clusters, drop, members)

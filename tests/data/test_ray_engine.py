@@ -245,7 +245,7 @@ def test_ray_filter_tasks_cap_the_tokenizer_thread_pool(inputs, tmp_path, ray_se
     import pyarrow as pa
     import ray
 
-    from codeparrot.data.preprocess import ChunkWorker
+    from codeparrot.data.record_work import ChunkWorker
     from codeparrot.data.ray_engine import _WORK_CPUS, _work
     from codeparrot.data.ray_read import good_rows, read_unit
 
