@@ -42,7 +42,7 @@ MODES = ("all", "permissive")  # any other --licenses value is a FILE path
 DROPPED_NOT_ALLOWED = "license_not_allowed"  # a known license outside the allowlist
 DROPPED_UNRECOGNIZED = "license_unrecognized"  # a string the allowlist and the known lists do not hold
 MAX_LICENSE_CHARS = 64  # a license value longer than this is truncated in stats.json (it is user data)
-MAX_DISTINCT = 200  # distinct license values counted by name; the rest go to "(other values)"
+MAX_DISTINCT = 200  # distinct license values reported by name; the rarer ones are summed as "(other values)"
 
 
 def normalize(value: Any) -> str:
@@ -92,7 +92,9 @@ class LicenseFilter:
 
 
 class LicenseCounts:
-    """Every license decision, by (normalized, truncated) value: what stats.json reports under `licenses`."""
+    """Every license decision, by normalized value: what stats.json reports under `licenses`. The counters hold
+    every distinct value (truncated to MAX_LICENSE_CHARS); the report keeps the MAX_DISTINCT most frequent, so it
+    is the same whatever order the decisions were added in (the two engines add them in different orders)."""
 
     def __init__(self) -> None:
         self.kept: Counter = Counter()
@@ -101,14 +103,18 @@ class LicenseCounts:
 
     def add(self, value: Any, reason: str | None, n: int = 1) -> None:
         key = normalize(value)[:MAX_LICENSE_CHARS] or "(none)"
-        target = self.kept if reason is None else self.dropped
-        if key not in target and len(target) >= MAX_DISTINCT:
-            key = "(other values)"
-        target[key] += n
+        (self.kept if reason is None else self.dropped)[key] += n
         if reason is not None:
             self.by_reason[reason] += n
 
+    @staticmethod
+    def _top(counts: Counter) -> dict[str, int]:
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        out = dict(sorted(ranked[:MAX_DISTINCT]))
+        if len(ranked) > MAX_DISTINCT:
+            out["(other values)"] = sum(n for _, n in ranked[MAX_DISTINCT:])
+        return out
+
     def as_stats(self) -> dict[str, Any]:
-        return {"kept_by_license": dict(sorted(self.kept.items())),
-                "dropped_by_license": dict(sorted(self.dropped.items())),
+        return {"kept_by_license": self._top(self.kept), "dropped_by_license": self._top(self.dropped),
                 "dropped_by_reason": dict(sorted(self.by_reason.items()))}

@@ -31,6 +31,7 @@ OUTPUT_ENTRIES = ["train", "valid", "stats.json", "duplicate_clusters.json"]
 
 def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     """Run the whole pipeline into `cfg.output_dir` (atomically); returns the stats also saved as stats.json."""
+    cfg = cfg.with_recipe()  # --recipe stack-v2 switches its stages on; the engines and stats.json see the result
     cfg.validate()
     start = time.perf_counter()
     paths = resolve_inputs(cfg.inputs, cfg.dataset_id, cfg.split, cfg.revision)  # files and Hub datasets, in order

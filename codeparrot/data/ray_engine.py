@@ -32,6 +32,7 @@ no dashboard and no usage statistics, every server of it (GCS, raylet, workers, 
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import shutil
@@ -39,6 +40,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,9 @@ from codeparrot.data.engine import EngineJob
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
-from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
-from codeparrot.data.record_work import ChunkWorker, count_decisions
+from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
+from codeparrot.data.licenses import LicenseFilter
+from codeparrot.data.record_work import ChunkWorker, count_decisions, count_redactions, replace_text
 from codeparrot.data.ray_read import LINE_BITS, Locations, good_rows, read_unit, read_units, replay_bad
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardWriter
@@ -61,6 +64,7 @@ SPLITS = ("train", "valid")
 # CPUs per filter/MinHash task (Ray's default, stated): the tokenizer's Rust pool in that task gets as many
 # threads, so N concurrent tasks on a node never run N x all-core pools (as `preprocess._init_worker`).
 _WORK_CPUS = 1
+_WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
 
 
@@ -128,8 +132,9 @@ def _shared(ref_box: list):
     return _SHARED[key]
 
 
-def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_marker: str | None):
-    """Filters, decontamination and MinHash of the exact-dedup winners of a batch (the local pool's work)."""
+def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, text_column: str, fault_marker: str | None):
+    """Filters, encoded-data filter, decontamination, redaction and MinHash of the exact-dedup winners of a batch
+    (the local pool's work)."""
     import pyarrow as pa
 
     if fault_marker and not os.path.exists(fault_marker):
@@ -141,9 +146,17 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
     pos = np.minimum(np.searchsorted(winners, ids), max(len(winners) - 1, 0))
     table = table.filter(winners[pos] == ids) if len(winners) else table.slice(0, 0)
     texts = table["text"].to_pylist()
-    reasons, sigs, valid, seconds = worker(texts, table["digest"].to_pylist()) if texts else ([], None, None, {})
+    reasons, sigs, valid, seconds, redactions = (worker(texts, table["digest"].to_pylist()) if texts
+                                                 else ([], None, None, {}, []))
     kept = np.array([r is None for r in reasons], dtype=bool)
     raw = [r if k else b"" for r, k in zip(table["raw"].to_pylist(), kept.tolist())]
+    nbytes = table["nbytes"].to_numpy().copy()
+    redacted = [""] * len(texts)  # per row: the redaction kinds as JSON (counts only, never the values)
+    for i, redaction in enumerate(redactions):
+        if redaction is not None:  # the redacted text replaces the original in the written record
+            raw[i] = replace_text(raw[i], text_column, redaction[0])
+            nbytes[i] = utf8_len(redaction[0])
+            redacted[i] = json.dumps(dict(redaction[1]))
     has_sig = np.zeros(len(texts), dtype=bool)
     offsets = np.zeros(len(texts) + 1, dtype=np.int32)  # signature list per row: num_perm values if kept
     values = np.zeros(0, dtype=np.uint32)
@@ -151,16 +164,23 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
         has_sig[kept] = valid
         offsets[1:] = np.cumsum(kept * num_perm)
         values = np.ascontiguousarray(sigs, dtype=np.uint32).reshape(-1)
-    cpu = np.zeros((3, len(texts)))
+    cpu = np.zeros((len(_WORK_STAGES), len(texts)))
     if len(texts):
-        cpu[:, 0] = [seconds.get(k, 0.0) for k in ("filters", "decontaminate", "minhash")]
+        cpu[:, 0] = [seconds.get(k, 0.0) for k in _WORK_STAGES]
     return pa.table({
-        "id": table["id"], "digest": table["digest"], "nbytes": table["nbytes"],
+        "id": table["id"], "digest": table["digest"], "nbytes": pa.array(nbytes, pa.int64()),
+        "copies": table["copies"], "redacted": pa.array(redacted, pa.string()),
         "reason": pa.array(["" if r is None else r for r in reasons], pa.string()),
         "raw": pa.array(raw, pa.large_binary()), "has_sig": pa.array(has_sig),
         "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
-        "cpu_filters": cpu[0], "cpu_decontaminate": cpu[1], "cpu_minhash": cpu[2],
+        **{f"cpu_{stage}": cpu[k] for k, stage in enumerate(_WORK_STAGES)},
     })
+
+
+def _allowed_by_license(table, licenses: LicenseFilter):
+    """Rows whose license the --licenses allowlist keeps (the local engine's check, before exact dedup)."""
+    keep = [licenses.reason(value) is None for value in table["license"].to_pylist()]
+    return table.filter(np.array(keep, dtype=bool))
 
 
 def _select_ids(table, ids_box: list):
@@ -271,30 +291,40 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
 
+    licenses = worker.license_filter
+    if licenses.active:  # before exact dedup, as on the local engine; counted per distinct license value
+        per_license = good.select_columns(["license"]).groupby("license").count().to_pandas()
+        for value, count in zip(per_license["license"], per_license.iloc[:, 1]):
+            totals.licenses.add(value, licenses.reason(value), int(count))
+        good = good.map_batches(_allowed_by_license, batch_format="pyarrow", fn_kwargs={"licenses": licenses})
+
     # Exact dedup: shuffle (digest, id) only; the smallest id (first in input order) of each digest wins.
     t = time.perf_counter()
     firsts = good.select_columns(["digest", "id"]).groupby("digest").aggregate(Min("id", alias_name="first"))
     winners = np.sort(firsts.to_pandas()["first"].to_numpy(dtype=np.int64))
-    totals.exact_duplicates = totals.valid_records - len(winners)
+    totals.exact_duplicates = totals.valid_records - sum(totals.licenses.by_reason.values()) - len(winners)
     totals.seconds["exact_dedup"] = time.perf_counter() - t
 
     marker = os.environ.get(FAULT_MARKER_ENV)
     work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
                             fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm,
-                                       "fault_marker": marker}).materialize()
+                                       "text_column": cfg.text_column, "fault_marker": marker}).materialize()
 
-    # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature).
+    # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature, copies).
     kept_parts = []
-    for b in work.select_columns(["id", "digest", "nbytes", "reason", "has_sig", "cpu_filters",
-                                  "cpu_decontaminate", "cpu_minhash"]).iter_batches(batch_format="pandas"):
-        for stage in ("filters", "decontaminate", "minhash"):
+    for b in work.select_columns(["id", "digest", "nbytes", "copies", "reason", "redacted", "has_sig",
+                                  *(f"cpu_{stage}" for stage in _WORK_STAGES)]).iter_batches(batch_format="pandas"):
+        for stage in _WORK_STAGES:
             totals.seconds[stage] += float(b[f"cpu_{stage}"].sum())
         count_decisions(totals, ((reason, int(count)) for reason, count in b["reason"].value_counts().items()))
-        kept_parts.append(b[b["reason"] == ""][["id", "digest", "nbytes", "has_sig"]])
+        for kinds in b["redacted"][b["redacted"] != ""]:
+            count_redactions(totals, Counter(json.loads(kinds)))
+        kept_parts.append(b[b["reason"] == ""][["id", "digest", "nbytes", "has_sig", "copies"]])
     kept = _concat_sorted(kept_parts)
     totals.files["filters"] = len(winners)
-    totals.files["decontaminate"] = len(winners) - sum(totals.filtered.values())
-    totals.files["minhash"] = len(kept["id"])
+    totals.files["encoded_data"] = len(winners) - sum(totals.filtered.values())
+    totals.files["decontaminate"] = totals.files["encoded_data"] - sum(totals.encoded_data.values())
+    totals.files["minhash"] = totals.files["redact_secrets"] = len(kept["id"])
     for stage in ("read", "exact_dedup"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
     totals.seconds["pass1"] = time.perf_counter() - start
@@ -346,10 +376,11 @@ def _concat_sorted(parts: list) -> dict[str, np.ndarray]:
     import pandas as pd
 
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        {"id": [], "digest": [], "nbytes": [], "has_sig": []})
+        {"id": [], "digest": [], "nbytes": [], "has_sig": [], "copies": []})
     frame = frame.sort_values("id", kind="stable")
     return {"id": frame["id"].to_numpy(np.int64), "digest": frame["digest"].to_numpy(np.uint64),
-            "nbytes": frame["nbytes"].to_numpy(np.int64), "has_sig": frame["has_sig"].to_numpy(bool)}
+            "nbytes": frame["nbytes"].to_numpy(np.int64), "has_sig": frame["has_sig"].to_numpy(bool),
+            "copies": frame["copies"].to_numpy(np.int64)}
 
 
 def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locate: Locations, tmp: Path,
@@ -376,7 +407,7 @@ def _near_dedup(cfg: PreprocessConfig, work, kept: dict, drop: np.ndarray, locat
         os.unlink(sig_path)
     totals.seconds["clustering"] = time.perf_counter() - t
     totals.files["clustering"] = n
-    drop |= near_duplicates_to_drop(clusters, n)
+    drop |= near_duplicates_to_drop(clusters, n, kept["copies"], cfg.near_dedup_keep)
     totals.near_duplicates = int(drop.sum())
     rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, dtype=np.int64)
     members: dict[int, dict] = {}

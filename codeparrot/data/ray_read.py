@@ -20,6 +20,7 @@ import numpy as np
 from codeparrot.data.exact_dedup import digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, hub_num_shards, iter_hub_lines
 from codeparrot.data.preprocess_stats import Totals, utf8_len
+from codeparrot.data.record_work import record_signals
 from codeparrot.data.records import BadRecords, Location, iter_raw_records, parse_line
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
@@ -46,7 +47,7 @@ def read_unit(batch: dict[str, np.ndarray], text_column: str) -> Iterator[Any]:
 
     class Recorder(BadRecords):  # the local bad-line policy, with each event kept for the driver to replay
         def add(self, reason: str, where: Location, detail: str = "") -> None:
-            rows.append((int(where.line), 0, 0, "", b"", reason, detail))
+            rows.append((int(where.line), 0, 0, "", b"", reason, detail, "", -1))
 
     for u in range(len(batch["unit"])):
         unit = {k: v[u] for k, v in batch.items()}
@@ -60,8 +61,9 @@ def read_unit(batch: dict[str, np.ndarray], text_column: str) -> Iterator[Any]:
             records = ((line, *parsed, where) for line, where in iter_hub_lines(hub, int(unit["shard"]) if n > 1
                                                                                 else None, n)
                        if (parsed := parse_line(line, where, text_column, recorder)) is not None)
-        for line, _, text, where in records:
-            rows.append((where.line, digest_of_stripped(strip_whitespace(text)), utf8_len(text), text, line, "", ""))
+        for line, record, text, where in records:
+            rows.append((where.line, digest_of_stripped(strip_whitespace(text)), utf8_len(text), text, line, "", "",
+                         *record_signals(record)))
             if len(rows) >= _ROWS_PER_READ_BATCH:
                 yield _rows_table(pa, int(unit["unit"]), rows)
                 rows = []
@@ -79,6 +81,8 @@ def _rows_table(pa, unit: int, rows: list[tuple]):
         "raw": pa.array(cols[4], pa.large_binary()),
         "bad": pa.array(cols[5], pa.string()),  # "" for a valid record, else the bad-record reason
         "detail": pa.array(cols[6], pa.string()),
+        "license": pa.array(cols[7], pa.string()),  # normalized (`record_work.record_signals`)
+        "copies": pa.array(cols[8], pa.int64()),  # -1: none
     })
 
 
