@@ -140,3 +140,34 @@ def test_shingles_estimate_the_ngram_jaccard_and_ignore_batching():
     assert (alone[0] == sb).all()
     with pytest.raises(CodeParrotError, match="shingle_size"):
         MinHasher(256, 0, min_tokens=4, shingle_size=5)
+
+
+def test_encoded_data_prefilter_changes_no_decision():
+    """The cheap pre-checks only skip regexes that cannot match: same reasons as the bare rule on real files and
+    on runs in every form (mixed 0x/bare/\\x, wrapped, short of the limits, non-ASCII around)."""
+    import random
+
+    from codeparrot.data import encoded_data
+    from codeparrot.tools.secret_sample import stdlib_files
+
+    def reference(text):
+        covered = 0
+        for kind, pattern in encoded_data.PATTERNS.items():
+            for m in pattern.finditer(text):
+                if m.end() - m.start() > encoded_data.MAX_MATCH_CHARS:
+                    return f"encoded_data:{kind}"
+                covered += m.end() - m.start()
+        return "encoded_data:fraction" if covered > encoded_data.MAX_MATCHED_FRACTION * len(text) else None
+
+    rng = random.Random(0)
+    forms = [lambda b: f"0x{b:02x}", lambda b: f"{b:02X}", lambda b: f"\\x{b:02x}"]
+    texts = [p.read_text("utf-8", "replace") for p in stdlib_files(40, seed=5)]
+    for _ in range(60):
+        n = rng.choice([7, 8, 30, 200, 400])
+        seps = rng.choice([", ", ",", " ", "\n  ", "", "\u00a0"])
+        run = seps.join(rng.choice(forms)(rng.randrange(256)) for _ in range(n))
+        b64 = "".join(rng.choice("ABCdef0123+/=") for _ in range(rng.choice([63, 64, 500, 1100])))
+        uni = "".join(f"\\u{rng.randrange(65536):04x}" for _ in range(rng.choice([7, 8, 300])))
+        filler = "def f():\n    return 'é'\n" * rng.choice([1, 30])
+        texts.append(filler + rng.choice([run, b64, uni, run + " " + b64]) + "\n")
+    assert [encoded_data_reason(t) for t in texts] == [reference(t) for t in texts]
