@@ -132,7 +132,7 @@ def _shared(ref_box: list):
     return _SHARED[key]
 
 
-def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, text_column: str, fault_marker: str | None):
+def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_marker: str | None):
     """Filters, encoded-data filter, decontamination, redaction and MinHash of the exact-dedup winners of a batch
     (the local pool's work)."""
     import pyarrow as pa
@@ -154,7 +154,7 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, text_col
     redacted = [""] * len(texts)  # per row: the redaction kinds as JSON (counts only, never the values)
     for i, redaction in enumerate(redactions):
         if redaction is not None:  # the redacted text replaces the original in the written record
-            raw[i] = replace_text(raw[i], text_column, redaction[0])
+            raw[i] = replace_text(raw[i], worker.text_column, redaction[0])
             nbytes[i] = utf8_len(redaction[0])
             redacted[i] = json.dumps(dict(redaction[1]))
     has_sig = np.zeros(len(texts), dtype=bool)
@@ -308,7 +308,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     marker = os.environ.get(FAULT_MARKER_ENV)
     work = good.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
                             fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)], "num_perm": cfg.num_perm,
-                                       "text_column": cfg.text_column, "fault_marker": marker}).materialize()
+                                       "fault_marker": marker}).materialize()
 
     # Decisions of the winners: counts by reason, and the kept files' (id, digest, size, has signature, copies).
     kept_parts = []

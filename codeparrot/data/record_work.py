@@ -57,6 +57,7 @@ class ChunkWorker:
         self.license_filter = LicenseFilter(cfg.licenses)  # applied by the engines before exact dedup
         self.filter_encoded_data = cfg.filter_encoded_data
         self.redact_secrets = cfg.redact_secrets
+        self.text_column = cfg.text_column  # where a redacted text goes back into its record (`replace_text`)
 
     def __call__(self, texts: list[str], digests: list[int]):
         """(reasons, signatures uint32[kept, num_perm] | None, valid bool[kept] | None, seconds per stage,
