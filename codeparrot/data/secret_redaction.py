@@ -73,8 +73,10 @@ _KEYWORD_NAME = re.compile("|".join(KEYWORDS).replace("_", "[_-]?"), re.I)
 _ASSIGNMENT = re.compile(
     r"(?P<name>[A-Za-z_][A-Za-z0-9_\-]*)['\"]?\s*(?::=|=|:)\s*[rbuRBU]?(?P<q>['\"])(?P<s>[^'\"\\\s]{8,256})(?P=q)")
 _PASSWORD_NAME = re.compile(r"pass|pwd", re.I)
-# Not a credential: template/regex/format syntax, a path, a dotted module name, or a masked example ("sk-xxxx").
-_PLACEHOLDER_VALUE = re.compile(r"[{}<>$%\[\]()|^]|^/|^(?:[a-z]+\.)+[a-z_]+$|xxxx|XXXX|\*\*\*|\.\.\.")
+# Not a credential: template/regex/format syntax, a path of 2+ segments ("/etc/app/key.pem"; a base64 key may start
+# with "/" but rarely has no "+" and another "/"), a dotted module name, or a masked example ("sk-xxxx").
+_PLACEHOLDER_VALUE = re.compile(r"[{}<>$%\[\]()|^]|^(?:/|\./|~/)[\w.\-]+(?:/[\w.\-]+)+$|^(?:[a-z]+\.)+[a-z_]+$|"
+                                r"xxxx|XXXX|\*\*\*|\.\.\.")
 _WORDS = re.compile(r"[A-Za-z]+(?:[\-_.][A-Za-z]+)*$")  # "X-Session-Token", "SECRET_KEY": names, not secrets
 MIN_ENTROPY_BITS = 3.0  # per character; English words and snake_case names are below, random keys above
 

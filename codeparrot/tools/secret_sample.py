@@ -1,5 +1,6 @@
 """A labelled sample for secret redaction: real standard-library files with planted secrets of every kind
-(random values in each vendor's format, generated from a seed: never real credentials) and planted look-alikes
+(random values in each vendor's documented format, JWTs well-formed, generated from a seed: never real
+credentials) and planted look-alikes
 that must stay (hashes in tests, version strings, example and private addresses, placeholder keys).
 
 Each plant is one top-level statement inserted before a top-level `def`/`class`/`import` line (or appended), so
@@ -10,6 +11,8 @@ the file still parses; `labelled_sample` returns the files with what was planted
 from __future__ import annotations
 
 import ast
+import base64
+import json
 import random
 import string
 import sysconfig
@@ -44,6 +47,17 @@ def _global_ipv4(rng: random.Random) -> str:
             return ip
 
 
+def _jwt(rng: random.Random) -> str:
+    """A well-formed JSON Web Token (base64url JSON header and claims, random signature)."""
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+    claims = {"sub": _rand(rng, string.digits, 10), "name": _rand(rng, string.ascii_lowercase, 8),
+              "iat": rng.randint(1_500_000_000, 1_700_000_000)}
+    return ".".join([b64(b'{"alg":"HS256","typ":"JWT"}'), b64(json.dumps(claims).encode()),
+                     b64(bytes(rng.randrange(256) for _ in range(32)))])
+
+
 def _secret(kind: str, rng: random.Random) -> Plant:
     r = lambda alphabet, n: _rand(rng, alphabet, n)  # noqa: E731
     upper_digits = string.ascii_uppercase + string.digits
@@ -51,12 +65,12 @@ def _secret(kind: str, rng: random.Random) -> Plant:
         "aws_access_key_id": ("AWS_ACCESS_KEY_ID = '{v}'", "AKIA" + r(upper_digits, 16)),
         "aws_secret_key": ("aws_secret_access_key = '{v}'", r(_B64, 40)),
         "github_token": ("GITHUB_TOKEN = \"{v}\"", "ghp_" + r(_ALNUM, 36)),
-        "slack_token": ("slack_client = SlackClient('{v}')", f"xoxb-{r(string.digits, 12)}-{r(_ALNUM, 24)}"),
+        "slack_token": ("slack_client = SlackClient('{v}')",
+                        f"xoxb-{r(string.digits, 12)}-{r(string.digits, 13)}-{r(_ALNUM, 24)}"),
         "huggingface_token": ("login(token=\"{v}\")", "hf_" + r(string.ascii_letters, 34)),
         "google_api_key": ("MAPS_KEY = '{v}'", "AIza" + r(_ALNUM + "_-", 35)),
         "stripe_key": ("stripe_api_key = \"{v}\"", "sk_live_" + r(_ALNUM, 24)),
-        "jwt": ("HEADERS = {{'Authorization': 'Bearer {v}'}}",
-                "eyJ" + r(_ALNUM, 30) + ".eyJ" + r(_ALNUM, 40) + "." + r(_ALNUM + "_-", 43)),
+        "jwt": ("HEADERS = {{'Authorization': 'Bearer {v}'}}", _jwt(rng)),
         "private_key": ("PRIVATE_KEY = '''-----BEGIN RSA PRIVATE KEY-----\n{v}\n-----END RSA PRIVATE KEY-----'''",
                         "\n".join(r(_B64, 64) for _ in range(6))),
         "password_assignment": ("db_password = \"{v}\"", r(_ALNUM, 10) + rng.choice("!#&*") + r(string.digits, 2)),
