@@ -2,10 +2,11 @@
 engines that do the work: `codeparrot.data.local_engine` (a process pool on this machine) and
 `codeparrot.data.ray_engine` (Ray Data, one machine or a cluster).
 
-An engine is a function `run(job) -> stats` that writes the whole output (`train/`, `valid/`, `stats.json`,
-with near dedup `duplicate_clusters.json`) into `job.tmp` and returns the stats it saved. Both make every
-per-file decision with `codeparrot.data.record_work` and report with `codeparrot.data.preprocess_stats`, so
-their outputs are byte-identical; the caller verifies the shards and renames `job.tmp` into place.
+An engine is a function `run(job) -> EngineOutput` that writes the whole output (`train/`, `valid/`,
+`stats.json`, with near dedup `duplicate_clusters.json`) into `job.tmp` and returns the stats it saved with
+the shards its writers reported. Both make every per-file decision with `codeparrot.data.record_work` and
+report with `codeparrot.data.preprocess_stats`, so their outputs are byte-identical; the caller checks the
+shards on disk against the report (`shards.verify_shards`) and only then renames `job.tmp` into place.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.record_work import ChunkWorker
+from codeparrot.data.shards import ShardInfo
 
 
 @dataclass
@@ -31,8 +33,17 @@ class EngineJob:
     start: float  # time.perf_counter() at the start of the run (stats' wall-clock seconds)
 
 
+@dataclass
+class EngineOutput:
+    """What an engine wrote: the stats (saved as stats.json) and, per split, the shards as their writers counted
+    them (in shard order)."""
+
+    stats: dict[str, Any]
+    shards: dict[str, list[ShardInfo]]
+
+
 class Engine(Protocol):
-    def __call__(self, job: EngineJob) -> dict[str, Any]: ...
+    def __call__(self, job: EngineJob) -> EngineOutput: ...
 
 
 ENGINES = {"local": "codeparrot.data.local_engine", "ray": "codeparrot.data.ray_engine"}  # --engine -> module

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
-from codeparrot.data.engine import EngineJob
+from codeparrot.data.engine import EngineJob, EngineOutput
 from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, iter_input_records
 from codeparrot.data.licenses import LicenseFilter
@@ -253,12 +253,13 @@ def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubI
 
 
 
-def run(job: EngineJob) -> dict[str, Any]:
-    """The `engine.Engine` of the local pool: both passes into `job.tmp`; returns the stats."""
+def run(job: EngineJob) -> EngineOutput:
+    """The `engine.Engine` of the local pool: both passes into `job.tmp`."""
     cfg, totals, bad = job.cfg, Totals(), BadRecords(strict=job.cfg.strict)
     sink = _Sink(cfg, job.tmp, totals)
     try:
-        return _run(cfg, job.paths, bad, sink, job.worker, totals, job.tmp, job.start)
+        stats = _run(cfg, job.paths, bad, sink, job.worker, totals, job.tmp, job.start)
+        return EngineOutput(stats, {split: writer.shard_infos() for split, writer in sink.writers.items()})
     except BaseException:
         sink.abort()  # no writer thread may still write into the folder atomic_dir is removing
         raise

@@ -24,20 +24,18 @@ Driver memory per input file: 8 bytes (winning id) + per survivor 8 (id) + 8 (di
 signature) bytes, plus the LSH index while clustering (about 90 bytes per survivor, see `codeparrot.data.lsh`);
 signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
 
-Ray stays where it is told: without `--ray-address` a private local Ray is started with `--num-workers` CPUs,
-no dashboard and no usage statistics, every server of it (GCS, raylet, workers, runtime-env agent) listening on
-127.0.0.1 only, and shut down at the end; a Ray already initialized in this process (tests) is used as is.
+Where Ray runs (a private loopback-only Ray, or a joined cluster checked node by node before any work):
+`codeparrot.data.ray_cluster`. Every path a task opens is absolute (`codeparrot.data.preprocess` resolves them),
+so a node's own working directory never matters.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import os
 import shutil
 import signal
-import sys
 import time
 import uuid
 from collections import Counter
@@ -48,16 +46,17 @@ import numpy as np
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
-from codeparrot.data.engine import EngineJob
+from codeparrot.data.engine import EngineJob, EngineOutput
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
-from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
 from codeparrot.data.licenses import LicenseFilter
+from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
 from codeparrot.data.record_work import ChunkWorker, count_decisions, count_redactions, replace_text
+from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
 from codeparrot.data.ray_read import LINE_BITS, Locations, good_rows, read_unit, read_units, replay_bad
 from codeparrot.data.records import BadRecords
-from codeparrot.data.shards import SHARD_PATTERN, ShardWriter
+from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
 from codeparrot.errors import CodeParrotError
 
 SPLITS = ("train", "valid")
@@ -66,46 +65,6 @@ SPLITS = ("train", "valid")
 _WORK_CPUS = 1
 _WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
-
-
-# Ray reads these when it is imported. A single-node Ray normally advertises the machine's outward address
-# (127.0.0.1 passed as the node address is rewritten to it) and its gRPC servers then listen on every
-# interface. With the "cluster" switch off, the node address is the loopback address and the GCS, raylet and
-# worker servers bind 127.0.0.1 only (checked with `ss -tlnp` in tests/data/test_ray_engine.py).
-LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def start_local_ray(num_cpus: int) -> None:
-    """Start a private, loopback-only Ray in this process: `num_cpus` CPUs, no dashboard, no usage stats.
-    `LOCAL_RAY_ENV` must be in the environment before `ray` is first imported; a Ray whose node came up on
-    another address is shut down again with a one-line error, never used."""
-    if "ray" not in sys.modules:
-        os.environ.update(LOCAL_RAY_ENV)
-    import ray
-
-    ray.init(num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
-    address = ray.util.get_node_ip_address()
-    if not ipaddress.ip_address(address).is_loopback:
-        ray.shutdown()
-        raise CodeParrotError(f"the local Ray came up on {address}, not on loopback: ray was imported before "
-                              f"{' and '.join(f'{k}={v}' for k, v in LOCAL_RAY_ENV.items())} were set")
-
-
-def start_ray(cfg: PreprocessConfig) -> bool:
-    """Connect to `cfg.ray_address` or start a local loopback-only Ray; True if this call started it."""
-    for key, value in (LOCAL_RAY_ENV.items() if not cfg.ray_address else [("RAY_USAGE_STATS_ENABLED", "0")]):
-        os.environ.setdefault(key, value)  # read when ray is first imported: before the import
-    try:
-        import ray
-    except ImportError:
-        raise CodeParrotError("--engine ray needs Ray Data: pip install 'codeparrot[distributed]'") from None
-    if ray.is_initialized():
-        return False
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=False)
-    else:
-        start_local_ray(cfg.num_workers)
-    return True
 
 
 def _ray_data(cfg: PreprocessConfig):
@@ -216,18 +175,20 @@ def _write_shard(table, out: str, samples_per_file: int, compression_level: int)
     split, number = SPLITS[key >> LINE_BITS], key & ((1 << LINE_BITS) - 1)
     order = np.argsort(table["id"].to_numpy(), kind="stable")
     part = Path(out) / split / f".part-{number}-{uuid.uuid4().hex}"  # private to this attempt
+    part.mkdir()  # not its parents: an output folder this node does not see fails here, not on a private disk
     writer = ShardWriter(part, samples_per_file, compression_level)
     try:
         raws = table["raw"].to_pylist()
         for i in order.tolist():
             writer.write_line(raws[i])
-        (path,) = writer.close()
+        writer.close()
+        (info,) = writer.shard_infos()
     except BaseException:
         writer.abort()
         raise
-    os.replace(path, Path(out) / split / SHARD_PATTERN.format(index=number))  # same bytes if retried
+    os.replace(part / info.name, Path(out) / split / SHARD_PATTERN.format(index=number))  # same bytes if retried
     shutil.rmtree(part, ignore_errors=True)
-    return pa.table({"shard": [key], "rows": [len(table)]})
+    return pa.table({"shard": [key], "rows": [info.rows], "nbytes": [info.nbytes]})
 
 
 # --- driver ------------------------------------------------------------------------------------------------
@@ -260,10 +221,12 @@ def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
     return digests < np.uint64(math.ceil(bound))
 
 
-def run(job: EngineJob) -> dict[str, Any]:
-    """The `engine.Engine` of Ray Data (see the module docstring): the output into `job.tmp`; returns the stats."""
+def run(job: EngineJob) -> EngineOutput:
+    """The `engine.Engine` of Ray Data (see the module docstring): the output into `job.tmp`."""
     started = start_ray(job.cfg)
     try:
+        if not is_private(job.cfg):
+            check_nodes(job.paths, job.cfg.tokenizer, job.tmp)
         return _run(job.cfg, job.paths, job.worker, job.tmp, job.start)
     finally:
         if started:
@@ -272,7 +235,8 @@ def run(job: EngineJob) -> dict[str, Any]:
             ray.shutdown()
 
 
-def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path, start: float) -> dict:
+def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path,
+         start: float) -> EngineOutput:
     import ray
     from ray.data.aggregate import Min
 
@@ -345,22 +309,22 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     for split in SPLITS:
         (tmp / split).mkdir(exist_ok=True)  # an empty split is an empty folder, never a missing one
     t = time.perf_counter()
+    infos: dict[str, list[ShardInfo]] = {split: [] for split in SPLITS}  # as the shard tasks reported them
     if len(by_split[0]) + len(by_split[1]):
         tagged = work.map_batches(_tag_shards, batch_format="pyarrow", fn_kwargs={
             "splits_box": [ray.put(by_split)], "samples_per_file": cfg.samples_per_file})
         written = tagged.groupby("shard").map_groups(_write_shard, batch_format="pyarrow", fn_kwargs={
             "out": str(tmp), "samples_per_file": cfg.samples_per_file, "compression_level": cfg.compression_level})
-        rows = int(written.to_pandas()["rows"].sum())
-        if rows != len(by_split[0]) + len(by_split[1]):
-            raise CodeParrotError(f"ray engine: shard tasks wrote {rows} rows, expected "
-                                  f"{len(by_split[0]) + len(by_split[1])}")
+        reports = _one_line_errors(written.to_pandas).sort_values("shard")
+        for key, rows, nbytes in zip(*(reports[c].tolist() for c in ("shard", "rows", "nbytes"))):
+            infos[SPLITS[key >> LINE_BITS]].append(ShardInfo(SHARD_PATTERN.format(index=key & ((1 << LINE_BITS) - 1)),
+                                                             rows, nbytes))
     totals.seconds["write"] = time.perf_counter() - t
     shards = {}
-    for s, split in enumerate(SPLITS):
+    for split in SPLITS:
         for leftover in (tmp / split).glob(".part-*"):  # a killed attempt's private folder
             shutil.rmtree(leftover, ignore_errors=True)
-        count = -(-len(by_split[s]) // cfg.samples_per_file)
-        shards[split] = [tmp / split / SHARD_PATTERN.format(index=i + 1) for i in range(count)]
+        shards[split] = [tmp / split / info.name for info in infos[split]]
     totals.seconds["total"] = time.perf_counter() - start
     for stage in ("pass1", "total"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
@@ -368,7 +332,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     if clusters is not None:
         write_clusters(tmp / "duplicate_clusters.json", clusters)
     atomic_write_json(tmp / "stats.json", stats)
-    return stats
+    return EngineOutput(stats, infos)
 
 
 def _concat_sorted(parts: list) -> dict[str, np.ndarray]:

@@ -9,11 +9,19 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from codeparrot.errors import CodeParrotError
 
 SHARD_PATTERN = "file-{index:012d}.json.gz"  # CodeParrot's shard names: file-000000000001.json.gz, ...
+
+
+class ShardInfo(NamedTuple):
+    """A written shard as its writer counted it: file name, JSON lines, compressed bytes."""
+
+    name: str
+    rows: int
+    nbytes: int
 
 
 class ShardWriter:
@@ -40,6 +48,8 @@ class ShardWriter:
         self.compresslevel = compresslevel
         self.paths: list[Path] = []
         self.rows = 0
+        self.shard_rows: list[int] = []  # per shard, counted as lines are written
+        self.shard_bytes: list[int] = []  # per shard, compressed bytes written (counted by the writer thread)
         self._rows_in_shard = 0
         self._buffer: list[bytes] = []
         self._buffered = 0
@@ -70,6 +80,7 @@ class ShardWriter:
         if self._gz is not None:
             raw = self._gz.fileobj
             self._gz.close()
+            self.shard_bytes.append(raw.tell())
             raw.close()
             self._gz = None
 
@@ -87,10 +98,12 @@ class ShardWriter:
             self.paths.append(self.directory / SHARD_PATTERN.format(index=len(self.paths) + 1))
             self._submit(self._open_file, self.paths[-1])
             self._rows_in_shard = 0
+            self.shard_rows.append(0)
         self._buffer.append(line)
         self._buffer.append(b"\n")
         self._buffered += len(line) + 1
         self._rows_in_shard += 1
+        self.shard_rows[-1] += 1
         self.rows += 1
         if self._buffered >= self._BLOCK:
             self._flush()
@@ -111,6 +124,10 @@ class ShardWriter:
                 self._executor.shutdown(wait=True)
                 self._executor = None
         return self.paths
+
+    def shard_infos(self) -> list[ShardInfo]:
+        """After `close`: every shard written, as counted while writing (what `verify_shards` checks)."""
+        return [ShardInfo(p.name, r, b) for p, r, b in zip(self.paths, self.shard_rows, self.shard_bytes)]
 
     def abort(self) -> None:
         """Stop after a failure: drop unwritten blocks and wait for the writer thread, so nothing writes into
@@ -143,3 +160,31 @@ def ensure_replaceable(output_dir: str | os.PathLike, allowed: Iterable[str], wh
         if not any(entry.match(pattern) for pattern in allowed):
             raise CodeParrotError(f"refusing to replace {path}: it holds {entry.name!r}, which is not {what}; "
                                   "choose a new or empty --output-dir")
+
+
+def verify_shards(folder: Path, written: dict[str, list[ShardInfo]], kept: dict[str, int], samples_per_file: int) -> None:
+    """Check, before an output is published, that `folder/<split>/` holds exactly the shards its writers
+    reported, each on disk with the size they wrote, and that their rows add up to the kept counts
+    (`samples_per_file` per shard, the last one the rest). A shard written where this process cannot see it
+    (a node's local disk), truncated or left over fails here in one line, so nothing incomplete is published."""
+    for split, infos in written.items():
+        count = -(-kept[split] // samples_per_file)
+        expected = [SHARD_PATTERN.format(index=i + 1) for i in range(count)]
+        names = [info.name for info in infos]
+        if names != expected:
+            raise CodeParrotError(f"output check failed: {split}/ should hold {count} shard(s) for {kept[split]:,} "
+                                  f"kept files, the writers reported {len(names)}")
+        for i, info in enumerate(infos):
+            rows = min(samples_per_file, kept[split] - i * samples_per_file)
+            path = folder / split / info.name
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                raise CodeParrotError(f"output check failed: {split}/{info.name} is missing here although it was "
+                                      "written (on a cluster, --output-dir must be on storage every node shares)") from None
+            if info.rows != rows or size != info.nbytes:
+                raise CodeParrotError(f"output check failed: {split}/{info.name} has {size:,} bytes and "
+                                      f"{info.rows:,} rows, expected {info.nbytes:,} bytes and {rows:,} rows")
+        extra = sorted(p.name for p in (folder / split).iterdir() if p.name not in set(names))
+        if extra:
+            raise CodeParrotError(f"output check failed: {split}/ holds {extra[0]!r}, which no writer reported")

@@ -316,3 +316,42 @@ def test_a_second_pass_with_a_tokenizer_equals_one_pass_with_it(tmp_path, stdlib
         assert (sorted(r["content"] for r in _rows(tmp_path / "second" / split))
                 == sorted(r["content"] for r in _rows(tmp_path / "once" / split)))
     assert first["kept_train"] + first["kept_valid"] == once["kept_train"] + once["kept_valid"] + dropped
+
+
+def test_relative_paths_are_resolved_before_the_work(corpus, tmp_path, monkeypatch):
+    """Relative --input and --output-dir name the same files from another working directory of the workers:
+    the engine gets absolute paths, and the stats name the inputs absolutely."""
+    monkeypatch.chdir(corpus.parent)
+    stats = preprocess(PreprocessConfig([corpus.name], "rel-out", num_workers=1, progress=False))
+    assert all(Path(p).is_absolute() for p in stats["inputs"]) and stats["config"]["output_dir"] == str(
+        corpus.parent / "rel-out")
+    assert len(_rows(corpus.parent / "rel-out" / "train")) == stats["kept_train"] > 0
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "extra"])
+def test_an_output_whose_shards_do_not_match_the_writers_report_is_never_published(damage, corpus, tmp_path,
+                                                                                   monkeypatch):
+    """The shards are checked on disk (present, the size written, the kept rows, nothing else) before the rename:
+    a shard lost after it was written (a node's private disk, a crashed copy) fails the run in one line and
+    leaves no output folder."""
+    import codeparrot.data.local_engine as local_engine
+
+    real_run = local_engine.run
+
+    def run_then_damage(job):
+        result = real_run(job)
+        shard = job.tmp / "train" / result.shards["train"][0].name
+        if damage == "delete":
+            shard.unlink()
+        elif damage == "truncate":
+            shard.write_bytes(shard.read_bytes()[:-10])
+        else:
+            (job.tmp / "train" / "file-000000000099.json.gz").write_bytes(shard.read_bytes())
+        return result
+
+    monkeypatch.setattr(local_engine, "run", run_then_damage)
+    with pytest.raises(CodeParrotError, match="output check failed: train/") as err:
+        preprocess(PreprocessConfig([str(corpus)], str(tmp_path / "out"), num_workers=0, samples_per_file=10,
+                                    progress=False))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))

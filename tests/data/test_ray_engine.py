@@ -162,21 +162,25 @@ def test_ray_stays_on_loopback(ray_session):
     assert outside == [], f"Ray listens beyond loopback: {outside}"
 
 
-def test_the_engine_s_own_start_is_loopback_only(tmp_path):
-    """`start_ray` as `preprocess.py --engine ray` calls it, in a fresh interpreter (nothing set beforehand):
-    the node comes up on a loopback address, so its servers listen on loopback only (see the test above)."""
+@pytest.mark.parametrize("address", [None, "local"])
+def test_the_engine_s_own_start_is_loopback_only(address, tmp_path):
+    """`start_ray` as `preprocess.py --engine ray` calls it, without --ray-address and with `--ray-address local`,
+    in a fresh interpreter (nothing set beforehand, a stray RAY_ADDRESS in the environment): a private node comes
+    up on a loopback address, so its servers listen on loopback only (see the test above)."""
     code = (
         "from codeparrot.data.preprocess import PreprocessConfig\n"
-        "from codeparrot.data.ray_engine import start_ray\n"
-        f"start_ray(PreprocessConfig(['-'], {str(tmp_path / 'out')!r}, num_workers=1, engine='ray', progress=False))\n"
+        "from codeparrot.data.ray_cluster import start_ray\n"
+        f"start_ray(PreprocessConfig(['-'], {str(tmp_path / 'out')!r}, num_workers=1, engine='ray', progress=False,"
+        f" ray_address={address!r}))\n"
         "import ray\n"
-        "print('NODE', ray.util.get_node_ip_address())\n"
+        "print('NODE', ray.util.get_node_ip_address(), len(ray.nodes()))\n"
         "ray.shutdown()\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_ADDRESS"] = "127.0.0.1:9"  # nothing listens there: joining it would fail, a private start ignores it
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    [node] = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("NODE ")]
-    assert ipaddress.ip_address(node).is_loopback, node
+    [(node, nodes)] = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("NODE ")]
+    assert ipaddress.ip_address(node).is_loopback and nodes == "1", (node, nodes)
 
 
 def _descendants(root: int) -> set[int]:

@@ -28,7 +28,7 @@ def _run(raw: Path, out: Path, engine: str, workers: int) -> tuple[dict, float]:
 
 def startup_seconds(workers: int = 2) -> float:
     """Seconds to start a local loopback Ray, run a one-block Ray Data job and shut it down."""
-    from codeparrot.data.ray_engine import start_ray
+    from codeparrot.data.ray_cluster import start_ray
 
     start = time.perf_counter()
     start_ray(PreprocessConfig(["-"], "-", num_workers=workers, engine="ray", progress=False))
