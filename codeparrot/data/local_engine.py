@@ -12,8 +12,9 @@ memory-mapped for clustering). After clustering (connected components, see `near
 the spool to the shards without the near duplicates (the first file of each cluster in input order is kept).
 Records are written byte for byte as they were read, so every field passes through.
 
-Per-file memory: 8 bytes for the exact-dedup digest; with near dedup also 18 bytes of spool metadata per
-survivor (split and signature flags, text size, input file index and line for `duplicate_clusters.json`), the
+Per-file memory: 8 bytes for the exact-dedup digest; with near dedup also 26 bytes of spool metadata per
+survivor (split and signature flags, text size, input file index and line for `duplicate_clusters.json`, the
+`copies` count for --near-dedup-keep), the
 signature row on disk, and the LSH index while clustering (see `codeparrot.data.near_dedup`).
 
 Everything is written inside the temporary output folder `codeparrot.data.preprocess` gives it (renamed into

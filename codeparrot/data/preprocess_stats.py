@@ -56,7 +56,7 @@ def build_stats(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRec
     enabled = cfg.filters.enabled_reasons(with_tokenizer=bool(cfg.tokenizer))
     near_index = {}
     if cfg.near_dedup:  # per survivor: its signature row (on disk) and the spool's metadata arrays (in RAM)
-        near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 18}
+        near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 26}
     filters = vars(cfg.filters)
     unique = totals.valid_records - totals.exact_duplicates
     # Filters that did not run, and why: a filter that is off must say so, never look like it removed nothing.

@@ -20,8 +20,8 @@ Stages (Ray Data operators; the driver only sees fixed-size per-record numbers, 
    kept ids per shard), a group-by on the shard number gathers each shard's rows in one task, which sorts them
    by id and writes them with `ShardWriter`; a retried task rewrites the same bytes and renames them into place.
 
-Driver memory per input file: 8 bytes (winning id) + per survivor 8 (id) + 8 (digest) + 8 (size) + 1 (has a
-signature) bytes, plus the LSH index while clustering (about 90 bytes per survivor, see `codeparrot.data.lsh`);
+Driver memory per input file: 8 bytes (winning id) + per survivor 8 (id) + 8 (digest) + 8 (size) + 8 (copies) + 1
+(has a signature) bytes, plus the LSH index while clustering (about 90 bytes per survivor, see `codeparrot.data.lsh`);
 signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
 
 Where Ray runs (a private loopback-only Ray, or a joined cluster checked node by node before any work):
