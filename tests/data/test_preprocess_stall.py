@@ -14,7 +14,7 @@ from codeparrot.errors import STALL_EXIT
 ARGS = ["--stall-minutes", "0.05", "--num-workers", "1", "--no-progress"]
 # a worker that never returns its batch (patched in before the script runs; the pool forks it)
 HANGING_WORKER = ("import runpy, sys, threading\n"
-                  "import codeparrot.data.preprocess as p\n"
+                  "import codeparrot.data.record_work as p\n"
                   "p.ChunkWorker.__call__ = lambda self, *a: threading.Event().wait()\n"
                   "sys.argv = ['scripts/preprocess.py', *sys.argv[1:]]\n"
                   "runpy.run_path('scripts/preprocess.py', run_name='__main__')\n")
