@@ -8,14 +8,18 @@ import json
 
 import numpy as np
 
+from codeparrot.data.near_dedup import kept_member
 from codeparrot.data.preprocess_config import PreprocessConfig
 
 
-def near_duplicates_to_drop(clusters: list[np.ndarray], n: int) -> np.ndarray:
-    """bool[n]: the rows to drop. Each cluster's rows are in input order; its first (earliest) member is kept."""
+def near_duplicates_to_drop(clusters: list[np.ndarray], n: int, copies: np.ndarray | None = None,
+                            policy: str = "first") -> np.ndarray:
+    """bool[n]: the rows to drop. Each cluster's rows are in input order; one member stays (`near_dedup.kept_member`:
+    the first, or with policy "most-copies" the highest `copies[row]`, ties to the first), the others are dropped."""
     drop = np.zeros(n, dtype=bool)
     for cluster in clusters:
-        drop[cluster[1:]] = True
+        drop[cluster] = True
+        drop[kept_member(cluster, copies, policy)] = False
     return drop
 
 
@@ -32,6 +36,8 @@ def member_entry(fields: tuple, where: str, kept: bool) -> dict:
 
 def clusters_report(cfg: PreprocessConfig, clusters: list[np.ndarray], drop: np.ndarray, members: dict[int, dict]) -> dict:
     """The content of `duplicate_clusters.json`; `members` maps each clustered row to its `member_entry`."""
+    not_first = sum(bool(drop[c[0]]) for c in clusters)  # clusters whose kept file is not the first (most-copies)
     return {"num_clusters": len(clusters), "files_in_clusters": len(members), "near_duplicates": int(drop.sum()),
-            "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm,
+            "jaccard_threshold": cfg.jaccard_threshold, "num_perm": cfg.num_perm, "shingle_size": cfg.shingle_size,
+            "keep": cfg.near_dedup_keep, "clusters_keeping_a_later_file": not_first,
             "clusters": [[members[int(r)] for r in c] for c in clusters]}

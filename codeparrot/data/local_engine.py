@@ -12,8 +12,9 @@ memory-mapped for clustering). After clustering (connected components, see `near
 the spool to the shards without the near duplicates (the first file of each cluster in input order is kept).
 Records are written byte for byte as they were read, so every field passes through.
 
-Per-file memory: 8 bytes for the exact-dedup digest; with near dedup also 18 bytes of spool metadata per
-survivor (split and signature flags, text size, input file index and line for `duplicate_clusters.json`), the
+Per-file memory: 8 bytes for the exact-dedup digest; with near dedup also 26 bytes of spool metadata per
+survivor (split and signature flags, text size, input file index and line for `duplicate_clusters.json`, the
+`copies` count for --near-dedup-keep), the
 signature row on disk, and the LSH index while clustering (see `codeparrot.data.near_dedup`).
 
 Everything is written inside the temporary output folder `codeparrot.data.preprocess` gives it (renamed into
@@ -40,10 +41,12 @@ from codeparrot.data.cluster_report import clusters_report, member_entry, member
 from codeparrot.data.engine import EngineJob, EngineOutput
 from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, iter_input_records
+from codeparrot.data.licenses import LicenseFilter
 from codeparrot.data.near_dedup import find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig, available_cores
 from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
-from codeparrot.data.record_work import DECONTAMINATED, ChunkWorker, count_decisions
+from codeparrot.data.record_work import (DECONTAMINATED, ENCODED, ChunkWorker, count_decisions, count_redactions,
+                                        record_signals, replace_text)
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import ShardWriter
 from codeparrot.data.stall import records_watchdog
@@ -103,8 +106,9 @@ class _Sink:
             self.has_sig = bytearray()  # per spool row: 1 = has a signature (>= min_tokens tokens)
             self.file_index, self.line = array("I"), array("Q")  # per spool row: where it was read
             self.nbytes = array("I")  # per spool row: UTF-8 bytes of the text
+            self.copies = array("q")  # per spool row: the record's `copies` (-1: none), for --near-dedup-keep
 
-    def put(self, line: bytes, text: str, digest: int, file_index: int, lineno: int) -> None:
+    def put(self, line: bytes, text: str, digest: int, file_index: int, lineno: int, copies: int) -> None:
         # Deterministic split by content: the (uniform) 64-bit digest below valid_fraction x 2^64.
         is_valid = digest < self.cfg.valid_fraction * 2.0**64
         if self.spool is None:
@@ -115,6 +119,7 @@ class _Sink:
         self.file_index.append(file_index)
         self.line.append(lineno)
         self.nbytes.append(utf8_len(text))
+        self.copies.append(copies)
 
     def put_signatures(self, sigs: np.ndarray, valid: np.ndarray) -> None:
         self.sig_file.write(np.ascontiguousarray(sigs, dtype=np.uint32).tobytes())
@@ -136,7 +141,7 @@ class _Sink:
 
 @stops_watchdogs
 def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, submit,
-           totals: Totals) -> int:
+           totals: Totals, licenses: LicenseFilter) -> int:
     """Read, exact-dedup (here, in input order), then filter, decontaminate and sign (in the workers); returns
     the bytes the exact-dedup index holds."""
     seen = DigestSet()
@@ -148,18 +153,25 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
 
     def finish_oldest() -> None:
         chunk, firsts, digests, result = pending[0]  # still in `pending` while waited for: the watchdog names it
-        reasons, sigs, valid, worker_seconds = result.get()
+        reasons, sigs, valid, worker_seconds, redactions = result.get()
         pending.popleft()
         t = time.thread_time()
         totals.seconds.update(worker_seconds)
-        for pos, reason in zip(firsts, reasons):
+        for pos, reason, redaction in zip(firsts, reasons, redactions):
             if reason is None:
-                line, text, where = chunk[pos]
-                sink.put(line, text, digests[pos], file_index[where.path], where.line)
+                line, text, where, copies = chunk[pos]
+                if redaction is not None:  # the redacted text replaces the original in the written record
+                    text = redaction[0]
+                    line = replace_text(line, cfg.text_column, text)
+                    count_redactions(totals, redaction[1])
+                sink.put(line, text, digests[pos], file_index[where.path], where.line, copies)
         count_decisions(totals, ((reason, 1) for reason in reasons))
         if sigs is not None:
             sink.put_signatures(sigs, valid)
-        totals.files["decontaminate"] += sum(r is None or r.startswith(DECONTAMINATED) for r in reasons)
+        passed_filters = sum(r is None or r.startswith((DECONTAMINATED, ENCODED)) for r in reasons)
+        totals.files["encoded_data"] += passed_filters
+        totals.files["decontaminate"] += passed_filters - sum(r is not None and r.startswith(ENCODED) for r in reasons)
+        totals.files["redact_secrets"] += reasons.count(None)
         totals.files["minhash"] += reasons.count(None)
         totals.seconds["write"] += time.thread_time() - t
         bar.update(len(chunk))
@@ -169,9 +181,17 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
     records = iter_input_records(paths, cfg.text_column, bad)
     while True:
         t = time.thread_time()
-        chunk, size = [], 0  # (raw line, text, location), closed at chunk_files files or chunk_bytes characters
-        for line, _, text, where in records:
-            chunk.append((line, text, where))
+        chunk, size = [], 0  # (raw line, text, location, copies), closed at chunk_files files or chunk_bytes chars
+        for line, record, text, where in records:
+            license_key, copies = record_signals(record)
+            if licenses.active:  # before exact dedup: a permissive copy must not lose to an earlier GPL one
+                reason = licenses.reason(license_key)
+                totals.licenses.add(license_key, reason)
+                if reason is not None:
+                    totals.valid_records += 1
+                    totals.bytes_in += utf8_len(text)
+                    continue
+            chunk.append((line, text, where, copies))
             size += len(text)
             if len(chunk) >= cfg.chunk_files or size >= cfg.chunk_bytes:
                 break
@@ -179,9 +199,9 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
         if not chunk:
             break
         t = time.thread_time()
-        digests = [digest_of_stripped(strip_whitespace(text)) for _, text, _ in chunk]
+        digests = [digest_of_stripped(strip_whitespace(text)) for _, text, _, _ in chunk]
         firsts = np.flatnonzero(seen.add_batch(np.array(digests, dtype=np.uint64))).tolist()
-        chunk_bytes = sum(utf8_len(text) for _, text, _ in chunk)
+        chunk_bytes = sum(utf8_len(text) for _, text, _, _ in chunk)
         totals.valid_records += len(chunk)
         totals.exact_duplicates += len(chunk) - len(firsts)
         totals.bytes_in += chunk_bytes
@@ -214,7 +234,8 @@ def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubI
         del sigs
     totals.seconds["clustering"] += time.thread_time() - t
     totals.files["clustering"] = n
-    drop = near_duplicates_to_drop(clusters, n)
+    copies = np.frombuffer(sink.copies, dtype=np.int64) if n else None  # [n]
+    drop = near_duplicates_to_drop(clusters, n, copies, cfg.near_dedup_keep)
     members: dict[int, dict | None] = {int(r): None for c in clusters for r in c}
     t = time.thread_time()
     bar = _bar(cfg, "write", total=n)
@@ -272,7 +293,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, s
     pool = _start_pool(cfg.num_workers, worker, max(1, available_cores() // max(cfg.num_workers, 1)))
     submit = (lambda task: pool.apply_async(_run_chunk, (task,))) if pool else (lambda task: _Done(worker(*task)))
     try:
-        index_bytes = _pass1(cfg, paths, bad, sink, submit, totals)
+        index_bytes = _pass1(cfg, paths, bad, sink, submit, totals, worker.license_filter)
     finally:
         if pool is not None:
             pool.terminate()  # all results are in (or we are failing): nothing left to wait for

@@ -3,7 +3,8 @@ clustering in `codeparrot.data.lsh` (its public names are importable from this m
 
 Definitions (CodeParrot's): a file's tokens are the non-empty pieces of `re.split("[^A-Za-z_0-9]", text)`;
 a file with fewer than `min_tokens` tokens (a count, not distinct) gets no signature and is never clustered;
-the MinHash is over the SET of tokens (no n-grams). Two files are joined when they are LSH candidates (equal
+the MinHash is over the SET of tokens (no n-grams); with `shingle_size` n > 1 (StarCoder2/BigCode: 5) it is over
+the set of runs of n consecutive tokens instead. Two files are joined when they are LSH candidates (equal
 in one band) and their estimated Jaccard (fraction of equal signature slots) is >= `threshold`; clusters are
 the connected components, so they do not depend on input order, batching or worker count.
 
@@ -99,10 +100,25 @@ def _token_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     return (h >> np.uint64(32)).astype(np.uint32)
 
 
-def _distinct_tokens(datas: list[bytes], min_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct token hashes of each UTF-8 file: (file index intp[T], token hash uint32[T], bool[files] with
-    >= min_tokens tokens), sorted by file then hash; files under min_tokens contribute nothing. One numpy
-    pass over the joined window replaces a Python list + set of token objects per file (3x faster)."""
+def _shingle_hashes(h: np.ndarray, files: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """uint32 hashes of every run of `size` consecutive tokens within one file, and their file indices.
+    `h` [T] uint32 token hashes in text order, `files` [T] their file index (every file has >= size tokens).
+    Each round folds the next token into the high word and mixes (murmur3's 64-bit finalizer, a bijection)."""
+    count = len(h) - size + 1
+    g = h[:count].astype(np.uint64)
+    for k in range(1, size):
+        g = _fmix(g ^ (h[k : k + count].astype(np.uint64) << np.uint64(32)))
+    same_file = files[:count] == files[size - 1 :]  # [count]: the run does not cross a file boundary
+    g = g[same_file] * np.uint64(0x9E3779B97F4A7C15)
+    return (g >> np.uint64(32)).astype(np.uint32), files[:count][same_file]
+
+
+def _distinct_tokens(datas: list[bytes], min_tokens: int, shingle_size: int = 1
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct token (or `shingle_size`-token shingle) hashes of each UTF-8 file: (file index intp[T], hash
+    uint32[T], bool[files] with >= min_tokens tokens), sorted by file then hash; files under min_tokens contribute
+    nothing. One numpy pass over the joined window replaces a Python list + set of token objects per file (3x
+    faster)."""
     buf = b" " + b" ".join(datas).translate(_TOKEN_BYTES) + b" "  # non-identifier bytes -> spaces
     ident = np.frombuffer(buf, dtype=np.uint8) != 32
     edges = np.flatnonzero(ident[1:] != ident[:-1]) + 1  # token starts and ends, interleaved
@@ -114,8 +130,12 @@ def _distinct_tokens(datas: list[bytes], min_tokens: int) -> tuple[np.ndarray, n
     ok = counts >= min_tokens
     keep = np.repeat(ok, counts)
     # One sort of (file << 32 | hash) dedups within each file and groups the files in order.
-    key = np.repeat(np.arange(len(datas), dtype=np.uint64) << np.uint64(32), np.where(ok, counts, 0))
-    key |= _token_hashes(buf, starts[keep], ends[keep])
+    files = np.repeat(np.arange(len(datas), dtype=np.uint64), np.where(ok, counts, 0))
+    hashes = _token_hashes(buf, starts[keep], ends[keep])
+    if shingle_size > 1 and len(hashes):
+        hashes, files = _shingle_hashes(hashes, files, shingle_size)
+    key = files << np.uint64(32)
+    key |= hashes
     key.sort()
     key = key[np.r_[True, key[1:] != key[:-1]]] if len(key) else key
     return (key >> np.uint64(32)).astype(np.intp), key.astype(np.uint32), ok
@@ -125,10 +145,14 @@ class MinHasher:
     """Computes MinHash signatures of files' identifier-token sets. Picklable (plain ints and arrays), so it
     can be sent to multiprocessing workers; the same seed gives the same signatures in any process."""
 
-    def __init__(self, num_perm: int = 256, seed: int = 42, min_tokens: int = 10):
+    def __init__(self, num_perm: int = 256, seed: int = 42, min_tokens: int = 10, shingle_size: int = 1):
         check_num_perm(num_perm)
         if not isinstance(min_tokens, (int, np.integer)) or min_tokens < 1:
             raise CodeParrotError(f"near dedup: min_tokens must be an integer >= 1, got {min_tokens!r}")
+        if not isinstance(shingle_size, (int, np.integer)) or not 1 <= shingle_size <= min_tokens:
+            raise CodeParrotError(f"near dedup: shingle_size must be an integer in [1, min_tokens={min_tokens}], "
+                                  f"got {shingle_size!r}")
+        self.shingle_size = int(shingle_size)
         self.num_perm = int(num_perm)
         self.seed = int(seed)
         self.min_tokens = int(min_tokens)
@@ -138,7 +162,8 @@ class MinHasher:
         self._b = rng.integers(0, np.iinfo(np.uint64).max, size=self.num_perm, dtype=np.uint64, endpoint=True)
 
     def __repr__(self) -> str:
-        return f"MinHasher(num_perm={self.num_perm}, seed={self.seed}, min_tokens={self.min_tokens})"
+        return (f"MinHasher(num_perm={self.num_perm}, seed={self.seed}, min_tokens={self.min_tokens}, "
+                f"shingle_size={self.shingle_size})")
 
     def _permuted(self, base: np.ndarray) -> np.ndarray:
         """[V, num_perm] uint32, contiguous: every hash function applied to every token hash in `base`."""
@@ -158,7 +183,7 @@ class MinHasher:
         """Signatures of one window of files into `out[rows]`: distinct tokens are hashed once per piece of
         <= _TOKEN_ROWS_PER_PIECE (file, token) rows into a [V, P] table, then each file takes the per-slot
         min over its rows of that table (a file split across pieces is min-combined)."""
-        files, tokens, ok = _distinct_tokens(datas, self.min_tokens)
+        files, tokens, ok = _distinct_tokens(datas, self.min_tokens, self.shingle_size)
         rows_arr = np.asarray(rows, dtype=np.intp)
         valid[rows_arr[ok]] = True
         for lo in range(0, len(tokens), _TOKEN_ROWS_PER_PIECE):
@@ -228,3 +253,28 @@ def near_dedup(
     for cluster in clusters:
         keep[cluster[1:]] = False
     return NearDedupResult(keep=keep, clusters=clusters, valid=valid)
+
+
+KEEP_POLICIES = ("first", "most-copies")
+
+
+def copies_of(record: dict) -> int:
+    """A record's `copies` (BigQuery's count of identical copies across repositories: the popularity signal of the
+    export) as an int >= 0, or -1 when it is missing or not a non-negative integer (ranked below every count)."""
+    value = record.get("copies")
+    if isinstance(value, bool):
+        return -1
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else -1
+
+
+def kept_member(cluster: np.ndarray, copies: np.ndarray | None, policy: str) -> int:
+    """The member of `cluster` (rows ascending, i.e. input order) that stays: "first" the first in input order
+    (CodeParrot's); "most-copies" the one with the highest `copies[row]`, ties to the smallest row (argmax returns
+    the first maximum). Deterministic: rows are input order on both engines."""
+    if policy == "first":
+        return int(cluster[0])
+    if policy != "most-copies" or copies is None:
+        raise CodeParrotError(f"near dedup: unknown keep policy {policy!r} (or no copies given)")
+    return int(cluster[int(np.argmax(copies[cluster]))])

@@ -47,6 +47,7 @@ def _absolute_inputs(paths: list[Path | HubInput]) -> list[Path | HubInput]:
 
 def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     """Run the whole pipeline into `cfg.output_dir` (atomically); returns the stats also saved as stats.json."""
+    cfg = cfg.with_recipe()  # --recipe stack-v2 switches its stages on; the engines and stats.json see the result
     cfg.validate()
     start = time.perf_counter()
     cfg = dataclasses.replace(cfg, output_dir=os.path.abspath(os.path.expanduser(cfg.output_dir)),

@@ -6,6 +6,7 @@ load the pipeline's workers; `codeparrot.data.preprocess` re-exports both names.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Literal
@@ -26,6 +27,10 @@ def available_cores() -> int:
 _CORES = available_cores()  # the default of --num-workers
 
 NEAR = "near deduplication (with --near-dedup)"
+STAGES = "data you may train on (The Stack v2 / StarCoder2 stages; off in the codeparrot recipe)"
+# --recipe stack-v2: each field still at its CodeParrot default takes this value (a flag given explicitly wins).
+STACK_V2 = {"licenses": "permissive", "redact_secrets": True, "filter_encoded_data": True, "near_dedup": True,
+            "near_dedup_keep": "most-copies", "shingle_size": 5, "jaccard_threshold": 0.7}
 FILTERS = "heuristic filters (CodeParrot's defaults; FIXED marks a corrected definition)"
 
 
@@ -60,7 +65,23 @@ class PreprocessConfig:
     decontaminate: bool = doc(True, "drop files containing a HumanEval problem's docstring or canonical solution "
                               "(whitespace-insensitive; solutions under 40 non-space characters are skipped as not "
                               "distinctive)")
+    recipe: Literal["codeparrot", "stack-v2"] = doc(
+        "codeparrot", "codeparrot: the original recipe (every stage below off); stack-v2: also --licenses permissive "
+        "--redact-secrets --filter-encoded-data --near-dedup --near-dedup-keep most-copies --shingle-size 5 "
+        "--jaccard-threshold 0.7, each unless that flag is given another value", group=STAGES)
+    licenses: str = doc("all", "all (keep every file), permissive (keep the MIT/Apache/BSD/... allowlist and files with "
+                        "no license; drop copyleft and unrecognized license strings, counted by value) or FILE (your "
+                        "allowlist, one license key per line)", metavar="all|permissive|FILE", group=STAGES)
+    redact_secrets: bool = doc(False, "replace API keys, tokens, private keys, passwords, emails and public IP "
+                               "addresses by <KEY>, <PASSWORD>, <EMAIL>, <IP_ADDRESS> (counted by kind)", group=STAGES)
+    filter_encoded_data: bool = doc(False, "drop files with a base64/hex/\\uXXXX run over 1,024 characters or such "
+                                    "runs covering over half the file (StarCoder2)", group=STAGES)
+    near_dedup_keep: Literal["first", "most-copies"] = doc(
+        "first", "which file of a near-duplicate cluster stays: first (in input order, CodeParrot) or most-copies "
+        "(highest `copies` field, ties to the first)", group=STAGES)
     num_perm: int = doc(256, "MinHash permutations", group=NEAR)
+    shingle_size: int = doc(1, "MinHash over runs of this many consecutive identifier tokens (1: the token set, "
+                            "CodeParrot; 5: StarCoder2)", group=NEAR)
     jaccard_threshold: float = doc(0.85, "estimated Jaccard similarity of identifier-token sets that links two files",
                                    group=NEAR)
     min_tokens: int = doc(10, "files with fewer identifier tokens are never clustered", group=NEAR)
@@ -99,8 +120,22 @@ class PreprocessConfig:
             raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
         if self.num_perm < 2 or self.min_tokens < 1:
             raise CodeParrotError("--num-perm must be >= 2 and --min-tokens >= 1")
+        if not 1 <= self.shingle_size <= self.min_tokens:
+            raise CodeParrotError(f"--shingle-size must be between 1 and --min-tokens ({self.min_tokens}), "
+                                  f"got {self.shingle_size}")
+        if self.recipe not in ("codeparrot", "stack-v2"):
+            raise CodeParrotError(f"--recipe must be codeparrot or stack-v2, got {self.recipe!r}")
         if self.ray_address is not None and self.engine != "ray":
             raise CodeParrotError("--ray-address needs --engine ray")
         if self.ray_blocks is not None and self.ray_blocks < 1:
             raise CodeParrotError(f"ray_blocks must be >= 1, got {self.ray_blocks}")
         self.filters.validate()
+
+    def with_recipe(self) -> "PreprocessConfig":
+        """A copy with `recipe`'s settings applied: for stack-v2, every STACK_V2 field still at its default takes
+        the recipe's value; one set to another value keeps it (e.g. `--licenses my-allowlist.txt`)."""
+        if self.recipe != "stack-v2":
+            return self
+        defaults = PreprocessConfig()
+        changes = {k: v for k, v in STACK_V2.items() if getattr(self, k) == getattr(defaults, k)}
+        return dataclasses.replace(self, **changes)

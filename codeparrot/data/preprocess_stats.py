@@ -14,6 +14,7 @@ from typing import Any
 
 from codeparrot.data.filters import REASONS, SWITCHES
 from codeparrot.data.hub_input import HubInput
+from codeparrot.data.licenses import LicenseCounts
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.records import FILE_LEVEL_REASONS, BadRecords
 
@@ -33,6 +34,10 @@ class Totals:
     seconds: Counter = field(default_factory=Counter)  # stage -> seconds
     files: Counter = field(default_factory=Counter)  # stage -> files that entered it
     bytes: Counter = field(default_factory=Counter)  # stage -> bytes that entered it
+    licenses: LicenseCounts = field(default_factory=LicenseCounts)  # --licenses decisions, by license value
+    encoded_data: Counter = field(default_factory=Counter)  # --filter-encoded-data drops, by rule
+    redacted: Counter = field(default_factory=Counter)  # --redact-secrets replacements, by kind (never values)
+    files_redacted: int = 0
 
 
 def utf8_len(text: str) -> int:
@@ -51,7 +56,7 @@ def build_stats(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRec
     enabled = cfg.filters.enabled_reasons(with_tokenizer=bool(cfg.tokenizer))
     near_index = {}
     if cfg.near_dedup:  # per survivor: its signature row (on disk) and the spool's metadata arrays (in RAM)
-        near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 18}
+        near_index = {"near_dedup_signature_on_disk": 4 * cfg.num_perm, "near_dedup_spool_metadata": 26}
     filters = vars(cfg.filters)
     unique = totals.valid_records - totals.exact_duplicates
     # Filters that did not run, and why: a filter that is off must say so, never look like it removed nothing.
@@ -65,6 +70,12 @@ def build_stats(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRec
         "exact_duplicates": totals.exact_duplicates,
         "filtered": {r: totals.filtered[r] for r in REASONS if r in enabled or totals.filtered[r]},
         "filters_off": off,
+        "license_dropped": sum(totals.licenses.by_reason.values()),
+        "licenses": {"mode": cfg.licenses, **totals.licenses.as_stats()} if cfg.licenses != "all" else {"mode": "all"},
+        "encoded_data": sum(totals.encoded_data.values()),
+        "encoded_data_by_rule": dict(sorted(totals.encoded_data.items())),
+        "files_redacted": totals.files_redacted,
+        "redacted_by_kind": dict(sorted(totals.redacted.items())),
         "decontaminated": sum(totals.decontaminated.values()),
         "decontaminated_by_source": dict(sorted(totals.decontaminated.items())),
         "near_duplicates": totals.near_duplicates,
@@ -98,14 +109,22 @@ def _warnings(cfg: PreprocessConfig, totals: Totals) -> list[str]:
 
 def format_summary(stats: dict[str, Any]) -> str:
     """The human summary: files kept and removed by reason, then seconds and throughput per stage."""
+    cfg = stats["config"]
     rows = [(f"bad records: {r}", c) for r, c in stats["bad_records"].items()]
+    if cfg.get("licenses", "all") != "all":
+        rows += [(f"license: {r}", c) for r, c in stats["licenses"]["dropped_by_reason"].items()]
     rows.append(("exact duplicates", stats["exact_duplicates"]))
     rows += [(f"filtered: {r}", c) for r, c in stats["filtered"].items()]
     rows += [(f"filtered: {r} (OFF: {why})", None) for r, why in stats.get("filters_off", {}).items()]
+    if cfg.get("filter_encoded_data"):
+        rows.append(("encoded data", stats["encoded_data"]))
     rows.append(("HumanEval decontamination", stats["decontaminated"]))
-    if stats["config"]["near_dedup"]:
+    if cfg["near_dedup"]:
         rows.append((f"near duplicates ({stats['near_duplicate_clusters']} clusters)", stats["near_duplicates"]))
     rows += [("kept: train", stats["kept_train"]), ("kept: valid", stats["kept_valid"])]
+    if cfg.get("redact_secrets"):
+        kinds = ", ".join(f"{k} {n:,}" for k, n in stats["redacted_by_kind"].items()) or "none"
+        rows.append((f"kept, with secrets redacted ({kinds})", stats["files_redacted"]))
     total, width = max(stats["input_records"], 1), max(len(name) for name, _ in rows) + 2
     lines = [f"  {'':<{width}}{'files':>9}  {'share':>6}"]
     lines += [f"  {name:<{width}}{count:>9,}  {100 * count / total:5.1f}%" if count is not None

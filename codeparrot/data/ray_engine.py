@@ -10,23 +10,28 @@ blocks, workers, nodes or task finishing order. Every record carries a stable id
 
 Stages (the driver only sees fixed-size per-record numbers, never file contents; no group-by shuffle):
 1. read (Ray Data, one task per input file or Hub split shard, `ray_read`) streaming lines to parse tasks:
-   (id, digest, UTF-8 size, text, raw line) per valid record, one row per bad line or damaged file with its
-   reason; materialized once (the object store spills to disk).
-2. exact dedup (driver): the (id, digest) of every valid record, 16 bytes each, read once with the bad lines;
-   the smallest id of each digest wins (`exact_dedup.first_ids`); the winners go to the workers as one object.
-3. filters + decontamination + MinHash (Ray Data map over the winners): `ChunkWorker`, as in the local pool.
-   Its output blocks stay in the object store; a task per block returns the counts and the kept files' numbers.
+   (id, digest, UTF-8 size, text, raw line, license, copies) per valid record, one row per bad line or damaged
+   file with its reason; materialized once (the object store spills to disk).
+2. license filter + exact dedup (driver): the (id, digest) of every valid record, 16 bytes each, read once with
+   the bad lines (and, with `--licenses`, each record's license value, counted per value and dropped before
+   exact dedup as on the local engine); the smallest id of each digest wins (`exact_dedup.first_ids`); the
+   winners go to the workers as one object.
+3. filters + encoded-data filter + decontamination + redaction + MinHash (Ray Data map over the winners):
+   `ChunkWorker`, as in the local pool. Its output blocks stay in the object store; a task per block returns
+   the counts (redactions by kind: counts only) and the kept files' numbers.
 4. near dedup (driver): the kept files' signatures, one block at a time, into a memory-mapped file in id order
-   (the local spool's row order), clustered by `find_clusters`; a cluster member's repo_name and path are read
-   by a task on the block that holds it.
+   (the local spool's row order), clustered by `find_clusters`, one member kept per cluster by
+   `--near-dedup-keep` (the kept files' `copies`); a cluster member's repo_name and path are read by a task on
+   the block that holds it.
 5. shards (a task per shard): the driver assigns each kept id its split and shard (`samples_per_file`
    consecutive kept ids per shard); the shard's task gets those ids and the blocks whose kept id range overlaps
    them, sorts its rows by id and writes them with `ShardWriter`, then renames the file into place (a retried
    task rewrites the same bytes) and reports its rows and size, which the caller checks on disk.
 
 Driver memory: about 170 bytes per input file at most (measured, `codeparrot.tools.benchmarks.ray_driver`: ids
-and digests for exact dedup, the kept files' numbers, the LSH index, the cluster members' entries); signatures
-(4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
+and digests for exact dedup, the kept files' numbers, the LSH index, the cluster members' entries), plus 8 bytes
+per kept file for its `copies` (`--near-dedup-keep most-copies`; 176 bytes per input file measured with it, 70%
+kept); signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
 
 Where Ray runs (a private loopback-only Ray, or a joined cluster checked node by node before any work):
 `codeparrot.data.ray_cluster`. Every path a task opens is absolute (`codeparrot.data.preprocess` resolves them),
@@ -36,12 +41,14 @@ so a node's own working directory never matters.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import shutil
 import signal
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +60,8 @@ from codeparrot.data.engine import EngineJob, EngineOutput
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
-from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
-from codeparrot.data.record_work import ChunkWorker, count_decisions
+from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
+from codeparrot.data.record_work import ChunkWorker, count_decisions, count_redactions, replace_text
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
 from codeparrot.data.exact_dedup import first_ids
 from codeparrot.data.ray_read import Locations, parse_rows, read_unit, read_units, replay_bad
@@ -63,9 +70,12 @@ from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
 from codeparrot.errors import CodeParrotError
 
 SPLITS = ("train", "valid")
+# The kept files' numbers the driver holds (`_block_summary`, `_concat_sorted`): 33 bytes per kept file.
+_KEPT_COLUMNS = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool, "copies": np.int64}
 # CPUs per filter/MinHash task (Ray's default, stated): the tokenizer's Rust pool in that task gets as many
 # threads, so N concurrent tasks on a node never run N x all-core pools (as `preprocess._init_worker`).
 _WORK_CPUS = 1
+_WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
 _READ_TASK_MEMORY = 64 << 20  # bytes reserved per read task (Ray's logical memory resource)
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
 
@@ -95,7 +105,8 @@ def _shared(ref_box: list):
 
 
 def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_marker: str | None):
-    """Filters, decontamination and MinHash of the exact-dedup winners of a batch (the local pool's work)."""
+    """Filters, encoded-data filter, decontamination, redaction and MinHash of the exact-dedup winners of a batch
+    (the local pool's work)."""
     import pyarrow as pa
 
     if fault_marker and not os.path.exists(fault_marker):
@@ -107,9 +118,17 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
     pos = np.minimum(np.searchsorted(winners, ids), max(len(winners) - 1, 0))
     table = table.filter(winners[pos] == ids) if len(winners) else table.slice(0, 0)
     texts = table["text"].to_pylist()
-    reasons, sigs, valid, seconds = worker(texts, table["digest"].to_pylist()) if texts else ([], None, None, {})
+    reasons, sigs, valid, seconds, redactions = (worker(texts, table["digest"].to_pylist()) if texts
+                                                 else ([], None, None, {}, []))
     kept = np.array([r is None for r in reasons], dtype=bool)
     raw = [r if k else b"" for r, k in zip(table["raw"].to_pylist(), kept.tolist())]
+    nbytes = table["nbytes"].to_numpy().copy()
+    redacted = [""] * len(texts)  # per row: the redaction kinds as JSON (counts only, never the values)
+    for i, redaction in enumerate(redactions):
+        if redaction is not None:  # the redacted text replaces the original in the written record
+            raw[i] = replace_text(raw[i], worker.text_column, redaction[0])
+            nbytes[i] = utf8_len(redaction[0])
+            redacted[i] = json.dumps(dict(redaction[1]))
     has_sig = np.zeros(len(texts), dtype=bool)
     offsets = np.zeros(len(texts) + 1, dtype=np.int32)  # signature list per row: num_perm values if kept
     values = np.zeros(0, dtype=np.uint32)
@@ -117,15 +136,16 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
         has_sig[kept] = valid
         offsets[1:] = np.cumsum(kept * num_perm)
         values = np.ascontiguousarray(sigs, dtype=np.uint32).reshape(-1)
-    cpu = np.zeros((3, len(texts)))
+    cpu = np.zeros((len(_WORK_STAGES), len(texts)))  # the batch's seconds on its first row
     if len(texts):
-        cpu[:, 0] = [seconds.get(k, 0.0) for k in ("filters", "decontaminate", "minhash")]
+        cpu[:, 0] = [seconds.get(k, 0.0) for k in _WORK_STAGES]
     return pa.table({
-        "id": table["id"], "digest": table["digest"], "nbytes": table["nbytes"],
+        "id": table["id"], "digest": table["digest"], "nbytes": pa.array(nbytes, pa.int64()),
+        "copies": table["copies"], "redacted": pa.array(redacted, pa.string()),
         "reason": pa.array(["" if r is None else r for r in reasons], pa.string()),
         "raw": pa.array(raw, pa.large_binary()), "has_sig": pa.array(has_sig),
         "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
-        "cpu_filters": cpu[0], "cpu_decontaminate": cpu[1], "cpu_minhash": cpu[2],
+        **{f"cpu_{stage}": cpu[k] for k, stage in enumerate(_WORK_STAGES)},
     })
 
 
@@ -153,14 +173,15 @@ def _task(fn):
 
 def _block_summary(block) -> dict:
     """What the driver needs of one block of filter/MinHash results: counts by reason, CPU seconds per stage,
-    and the kept files' numbers (no text, no signature)."""
+    redacted files and replacements by kind (counts only), and the kept files' numbers (no text, no signature)."""
     reasons = block["reason"].to_numpy(zero_copy_only=False)
     kept = reasons == ""
     found, counts = np.unique(reasons[~kept], return_counts=True)
+    redacted = [kinds for kinds in block["redacted"].to_pylist() if kinds]
     return {"reasons": dict(zip(found.tolist(), counts.tolist())),
-            "cpu": {stage: float(np.sum(block[f"cpu_{stage}"].to_numpy())) for stage in
-                    ("filters", "decontaminate", "minhash")},
-            "kept": {c: block[c].to_numpy()[kept] for c in ("id", "digest", "nbytes", "has_sig")}}
+            "cpu": {stage: float(np.sum(block[f"cpu_{stage}"].to_numpy())) for stage in _WORK_STAGES},
+            "files_redacted": len(redacted), "redacted": sum((Counter(json.loads(k)) for k in redacted), Counter()),
+            "kept": {c: block[c].to_numpy()[kept] for c in _KEPT_COLUMNS}}
 
 
 def _block_signatures(block, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
@@ -261,16 +282,16 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     records = _one_line_errors(records.materialize)
     # Bad lines: replayed through the local policy in input order (same counts, first examples, --strict error).
     t = time.perf_counter()
-    locate, ids, digests = replay_bad(records, paths, units, bad, totals)
+    locate, ids, digests = replay_bad(records, paths, units, bad, totals, worker.license_filter)
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
 
     # Exact dedup (driver, from the 16 bytes per record it already reads): the smallest id (first in input
-    # order) of each digest wins.
+    # order) of each digest wins, among the records the license filter kept.
     winners = first_ids(digests, ids)
     del ids, digests
-    totals.exact_duplicates = totals.valid_records - len(winners)
+    totals.exact_duplicates = totals.valid_records - sum(totals.licenses.by_reason.values()) - len(winners)
     totals.seconds["exact_dedup"] = time.perf_counter() - t
 
     marker = os.environ.get(FAULT_MARKER_ENV)
@@ -279,21 +300,24 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
                                fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)],
                                           "num_perm": cfg.num_perm, "fault_marker": marker}).materialize()
 
-    # Decisions of the winners, block by block: counts by reason, and the kept files' (id, digest, size, has
-    # signature). The blocks stay where they are; each block's kept id range tells the shard tasks where to look.
+    # Decisions of the winners, block by block: counts by reason, redactions by kind, and the kept files' (id,
+    # digest, size, has signature, copies). The blocks stay where they are; each block's kept id range tells the
+    # shard tasks where to look.
     blocks = work.to_arrow_refs()
     kept_parts, ranges = [], []
     for summary in ray.get([_task(_block_summary).remote(block) for block in blocks]):
-        for stage in ("filters", "decontaminate", "minhash"):
+        for stage in _WORK_STAGES:
             totals.seconds[stage] += summary["cpu"][stage]
         count_decisions(totals, summary["reasons"].items())
+        count_redactions(totals, summary["redacted"], summary["files_redacted"])
         kept_parts.append(summary["kept"])
         ids = summary["kept"]["id"]
         ranges.append((int(ids.min()), int(ids.max())) if len(ids) else (1, 0))
     kept = _concat_sorted(kept_parts)
     totals.files["filters"] = len(winners)
-    totals.files["decontaminate"] = len(winners) - sum(totals.filtered.values())
-    totals.files["minhash"] = len(kept["id"])
+    totals.files["encoded_data"] = len(winners) - sum(totals.filtered.values())
+    totals.files["decontaminate"] = totals.files["encoded_data"] - sum(totals.encoded_data.values())
+    totals.files["minhash"] = totals.files["redact_secrets"] = len(kept["id"])
     for stage in ("read", "exact_dedup"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
     totals.seconds["pass1"] = time.perf_counter() - start
@@ -343,8 +367,8 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
 
 def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The kept files' columns (per block) as numpy arrays sorted by id (input order)."""
-    types = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool}
-    columns = {c: np.concatenate([p[c] for p in parts]).astype(t) if parts else np.zeros(0, t) for c, t in types.items()}
+    columns = {c: np.concatenate([p[c] for p in parts]).astype(t) if parts else np.zeros(0, t)
+               for c, t in _KEPT_COLUMNS.items()}
     order = np.argsort(columns["id"], kind="stable")
     return {c: v[order] for c, v in columns.items()}
 
@@ -370,7 +394,7 @@ def _near_dedup(cfg: PreprocessConfig, blocks: list, ranges: list[tuple[int, int
         os.unlink(sig_path)
     totals.seconds["clustering"] = time.perf_counter() - t
     totals.files["clustering"] = n
-    drop |= near_duplicates_to_drop(clusters, n)
+    drop |= near_duplicates_to_drop(clusters, n, kept["copies"], cfg.near_dedup_keep)
     totals.near_duplicates = int(drop.sum())
     rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, dtype=np.int64)
     members: dict[int, dict] = {}

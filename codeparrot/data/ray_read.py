@@ -19,7 +19,9 @@ import numpy as np
 
 from codeparrot.data.exact_dedup import digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, hub_num_shards, iter_hub_lines
+from codeparrot.data.licenses import LicenseFilter
 from codeparrot.data.preprocess_stats import Totals, utf8_len
+from codeparrot.data.record_work import record_signals
 from codeparrot.data.records import BadRecords, Location, iter_lines, parse_line
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
@@ -80,11 +82,13 @@ def _lines_table(pa, unit: int, rows: list[tuple]):
 
 def parse_rows(table, text_column: str):
     """Ray batch function: each line parsed by the local parser (`records.parse_line`): (id, digest, UTF-8 size,
-    text, raw line) per valid record, its reason and detail per bad line; file-level rows pass through."""
+    text, raw line, license, copies) per valid record, its reason and detail per bad line; file-level rows pass
+    through."""
     import pyarrow as pa
 
     reasons, details = table["bad"].to_pylist(), table["detail"].to_pylist()
     digests, sizes, texts = [0] * len(reasons), [0] * len(reasons), [""] * len(reasons)
+    licenses, copies = [""] * len(reasons), [-1] * len(reasons)
 
     class Recorder(BadRecords):
         def add(self, reason: str, where: Location, detail: str = "") -> None:
@@ -98,6 +102,7 @@ def parse_rows(table, text_column: str):
         if parsed is not None:
             text = texts[i] = parsed[1]
             digests[i], sizes[i] = digest_of_stripped(strip_whitespace(text)), utf8_len(text)
+            licenses[i], copies[i] = record_signals(parsed[0])
     return pa.table({
         "id": table["id"],
         "digest": pa.array(np.array(digests, dtype=np.uint64), pa.uint64()),
@@ -106,6 +111,8 @@ def parse_rows(table, text_column: str):
         "raw": table["raw"],
         "bad": pa.array(reasons, pa.string()),  # "" for a valid record, else the bad-record reason
         "detail": pa.array(details, pa.string()),
+        "license": pa.array(licenses, pa.string()),  # normalized (`record_work.record_signals`)
+        "copies": pa.array(copies, pa.int64()),  # -1: none
     })
 
 
@@ -131,21 +138,26 @@ class Locations:
 
 
 def replay_bad(records, paths: list[Path | HubInput], units: list[dict[str, Any]], bad: BadRecords,
-               totals: Totals) -> tuple[Locations, np.ndarray, np.ndarray]:
+               totals: Totals, licenses: LicenseFilter) -> tuple[Locations, np.ndarray, np.ndarray]:
     """Count the valid records and their bytes into `totals` and replay every bad line through `bad` in input
     order (the local engine's counts, first examples and --strict error); returns the id -> location map and
-    the valid records' ids and digests (16 bytes per record, for exact dedup; in no particular order)."""
+    the ids and digests of the valid records that `licenses` keeps (16 bytes per record, for exact dedup, which
+    comes after the license filter; in no particular order). License decisions go to `totals.licenses`."""
     import pandas as pd
 
     events, rows_per_unit = [], np.zeros(len(units), dtype=np.int64)
     ids, digests = [], []
-    for b in records.select_columns(["id", "bad", "detail", "nbytes", "digest"]).iter_batches(batch_format="pandas"):
+    columns = ["id", "bad", "detail", "nbytes", "digest"] + (["license"] if licenses.active else [])
+    for b in records.select_columns(columns).iter_batches(batch_format="pandas"):
         is_bad = b["bad"] != ""
         events.append(b[is_bad][["id", "bad", "detail"]])
-        ids.append(b["id"].to_numpy(np.int64)[~is_bad.to_numpy()])
-        digests.append(b["digest"].to_numpy(np.uint64)[~is_bad.to_numpy()])
-        totals.valid_records += int((~is_bad).sum())
-        totals.bytes_in += int(b["nbytes"][~is_bad].sum())
+        good = ~is_bad.to_numpy()
+        totals.valid_records += int(good.sum())
+        totals.bytes_in += int(b["nbytes"][good].sum())
+        if licenses.active:  # before exact dedup, as on the local engine
+            good[good] = _license_allows(b["license"].to_numpy(dtype=object)[good], licenses, totals)
+        ids.append(b["id"].to_numpy(np.int64)[good])
+        digests.append(b["digest"].to_numpy(np.uint64)[good])
         rows_per_unit += np.bincount(b["id"].to_numpy(np.int64) >> LINE_BITS, minlength=len(units))
     for i, item in enumerate(paths):  # an empty Hub split counts as an empty file, as on the local engine
         mine = [u["unit"] for u in units if u["input"] == i]
@@ -156,3 +168,13 @@ def replay_bad(records, paths: list[Path | HubInput], units: list[dict[str, Any]
         bad.add(row.bad, locate(row.id), row.detail)
     empty = np.zeros(0, dtype=np.int64)
     return locate, np.concatenate(ids) if ids else empty, np.concatenate(digests) if digests else empty.astype(np.uint64)
+
+
+def _license_allows(values: np.ndarray, licenses: LicenseFilter, totals: Totals) -> np.ndarray:
+    """bool per record: its (normalized) license value is kept by `licenses`; every decision is counted in
+    `totals.licenses` per distinct value, as the local engine counts them one by one."""
+    found, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    reasons = [licenses.reason(value) for value in found.tolist()]
+    for value, reason, count in zip(found.tolist(), reasons, counts.tolist()):
+        totals.licenses.add(value, reason, count)
+    return np.array([reason is None for reason in reasons], dtype=bool)[inverse.reshape(-1)]

@@ -15,7 +15,7 @@ def stall_log(output_dir: Path) -> Path:
 
 
 def records_watchdog(stall_minutes: float, output_dir: Path, pending: deque) -> StallWatchdog:
-    """Started; `pending` is pass 1's queue of chunks in flight, (chunk, ...) with chunk = [(line, text, where)]."""
+    """Started; `pending` is pass 1's queue of chunks in flight, (chunk, ...), chunk = [(line, text, where, copies)]."""
 
     def describe(done: int) -> str:
         try:

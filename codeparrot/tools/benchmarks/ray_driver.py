@@ -2,7 +2,7 @@
 the driver holds from the read to the shard assignment, run with the engine's own functions on n files.
 
 Per file, the driver gets only fixed-size numbers (`codeparrot.data.ray_engine`): the ids and digests of the
-valid records (exact dedup), the kept files' id, digest, size and has-signature flag, and, one block at a time,
+valid records (exact dedup), the kept files' id, digest, size, has-signature flag and copies, and, one block at a time,
 their signatures, which go to a memory-mapped file (page cache, not the driver's heap) for `find_clusters`;
 then, per clustered file, its entry of `duplicate_clusters.json` (repo_name, path, input location).
 The figure is the slope of tracemalloc's peak between two sizes, so fixed buffers do not count as per-file
@@ -28,8 +28,8 @@ BLOCK = 65_536  # files per block summary / signature block, as the driver recei
 DUPLICATES = 0.3  # share of exact duplicates among the valid records
 
 
-class _Cfg:  # the two settings `clusters_report` copies into the file
-    jaccard_threshold, num_perm = 0.85, 256
+class _Cfg:  # the settings `clusters_report` copies into the file
+    jaccard_threshold, num_perm, shingle_size, near_dedup_keep = 0.85, 256, 5, "most-copies"
 
 
 def _driver_peak(n: int, folder: Path) -> tuple[int, float]:
@@ -52,7 +52,9 @@ def _driver_peak(n: int, folder: Path) -> tuple[int, float]:
         parts = [{"id": winners[i:i + BLOCK], "digest": rng.integers(0, 2**63, size=len(winners[i:i + BLOCK]),
                                                                      dtype=np.uint64),
                   "nbytes": np.full(len(winners[i:i + BLOCK]), 5000, np.int64),
-                  "has_sig": np.ones(len(winners[i:i + BLOCK]), bool)} for i in range(0, len(winners), BLOCK)]
+                  "has_sig": np.ones(len(winners[i:i + BLOCK]), bool),
+                  "copies": rng.integers(1, 100, size=len(winners[i:i + BLOCK]), dtype=np.int64)}
+                 for i in range(0, len(winners), BLOCK)]
         kept = _concat_sorted(parts)
         del parts
         m = len(kept["id"])
@@ -62,7 +64,7 @@ def _driver_peak(n: int, folder: Path) -> tuple[int, float]:
         sigs.flush()
         del sig_rows  # the benchmark's copy, not the driver's
         clusters = find_clusters(sigs, 0.85, kept["has_sig"])
-        drop = near_duplicates_to_drop(clusters, m)
+        drop = near_duplicates_to_drop(clusters, m, kept["copies"], _Cfg.near_dedup_keep)
         # duplicate_clusters.json: one entry per clustered file (its repo_name and path, as a task returns them)
         rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, np.int64)
         members = {row: member_entry((f"owner{row % 1000}/repo{row % 7919}", f"src/pkg/module_{row}.py"),
