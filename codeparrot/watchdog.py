@@ -83,13 +83,13 @@ class StallWatchdog:
     given to `beat`). `minutes` <= 0 makes a watchdog that does nothing."""
 
     def __init__(self, minutes: float, log_path: Path, describe: Callable[[int], str], loop_file: str = "",
-                 poll_seconds: float | None = None, exit: Callable[[int], None] = os._exit):
+                 poll_seconds: float | None = None, exit: Callable[[int], None] | None = None):
         self.limit = 60.0 * minutes
         self.log_path = Path(log_path)
         self.describe = describe
         self.loop_file = loop_file
         self.poll = poll_seconds if poll_seconds is not None else min(10.0, max(0.05, self.limit / 20))
-        self._exit = exit
+        self._exit = exit or exit_killing_children  # a test passes its own: pytest's children stay alive
         self.progress = 0
         self._last = time.monotonic()
         self._stopped = threading.Event()
@@ -168,8 +168,13 @@ class StallWatchdog:
         report_error_line(line)  # once per job: the main process, or scripts/launch.py from the error files
         if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
             time.sleep(EXIT_GRACE_SECONDS)
-        kill_children()
         self._exit(STALL_EXIT)
+
+
+def exit_killing_children(status: int) -> None:
+    """The process's end after a stall: its child processes first (see `kill_children`), then `os._exit`."""
+    kill_children()
+    os._exit(status)
 
 
 def kill_children() -> None:
