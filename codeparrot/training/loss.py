@@ -29,6 +29,7 @@ about half the bf16 peak).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -117,15 +118,10 @@ def chunk_softmax(logits: torch.Tensor, safe_t: torch.Tensor, need_exps: bool):
     return ce, (exps.to(logits.dtype) if need_exps else None), row_sum
 
 
-_COMPILED_CHUNK_SOFTMAX = None
-
-
+@functools.cache
 def compiled_chunk_softmax():
     """`chunk_softmax` under torch.compile, built once per process (the last, shorter chunk compiles once more)."""
-    global _COMPILED_CHUNK_SOFTMAX
-    if _COMPILED_CHUNK_SOFTMAX is None:
-        _COMPILED_CHUNK_SOFTMAX = torch.compile(chunk_softmax, dynamic=False)
-    return _COMPILED_CHUNK_SOFTMAX
+    return torch.compile(chunk_softmax, dynamic=False)
 
 
 def _eager_chunk_softmax(logits: torch.Tensor, safe_t: torch.Tensor, need_exps: bool):

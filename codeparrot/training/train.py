@@ -367,7 +367,8 @@ class FastPath:
 
     def dynamo_plugin(self) -> TorchDynamoPlugin | None:
         """Accelerate's compile settings for whole-model compilation; None leaves the decision to the launcher
-        (`--dynamo_backend`). Per-block compilation happens in place in `load_model` (regional_compile.py)."""
+        (`--dynamo_backend`). Per-block compilation is done in place by `train()` before `accelerator.prepare`
+        (regional_compile.py)."""
         if not self.compile_model or self.compile_regions:
             return None
         return TorchDynamoPlugin(backend="inductor")
@@ -382,13 +383,8 @@ def configure_cuda_allocator() -> None:
     evaluation batches) reuse memory instead of fragmenting it into OOMs on a nearly full card. The user's own
     setting wins; torch >= 2.9 reads PYTORCH_ALLOC_CONF (the CUDA-named variable still works there)."""
     if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF" if torch_older_than(2, 9) else "PYTORCH_ALLOC_CONF"] = (
+        os.environ["PYTORCH_CUDA_ALLOC_CONF" if torch.__version__ < "2.9" else "PYTORCH_ALLOC_CONF"] = (
             "expandable_segments:True")
-
-
-def torch_older_than(major: int, minor: int) -> bool:
-    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    return version < (major, minor)
 
 
 def load_model(cfg: TrainConfig, model_dir: Path):

@@ -53,7 +53,7 @@ def train_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, cuda
             "--batch.gradient_accumulation_steps", "1", "--batch.num_processes", "1"]
 
 
-def run_cli(command: list[str], log: Path) -> None:
+def run_logged(command: list[str], log: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(log, "w", encoding="utf-8") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=1200)
@@ -71,11 +71,11 @@ def end_to_end_stage(root: Path, shapes: Shapes) -> dict:
     model, tokens = prepare(root, shapes)
     run_dir = root / "run"
     command = train_command(shapes, model, tokens, run_dir, torch.cuda.is_available())
-    run_cli(command, root / "train.log")
+    run_logged(command, root / "train.log")
     first = logged_losses(run_dir)
     shutil.rmtree(run_dir / "checkpoints" / f"step-{STEPS}")
     shutil.rmtree(run_dir / "final")
-    run_cli([*command, "--resume", "auto"], root / "resume.log")
+    run_logged([*command, "--resume", "auto"], root / "resume.log")
     resumed = logged_losses(run_dir)
     resume_log = (root / "resume.log").read_text(encoding="utf-8", errors="replace")
     later = [row for step, row in sorted(first.items()) if step > LOG_EVERY]  # the first window holds start-up

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from codeparrot.tools.gpu_check.config import Shapes
 from codeparrot.training.loss import linear_cross_entropy_sum
 from codeparrot.training.mfu import peak_flops
+from codeparrot.training.reporting import memory_gib
 
 MFU_CONVENTION = ("PaLM appendix B: 6N + 12·L·H·Q·T FLOPs per token, N = all weights but the position "
                   "embeddings (tied LM head counted once), against the dense bf16 peak of one device")
@@ -44,7 +45,8 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    """The training log's peak-memory figure on CUDA; None on a CPU (the process's RSS says nothing per variant)."""
+    return memory_gib(device) if device.type == "cuda" else None
 
 
 def short_error(err: BaseException) -> str:
