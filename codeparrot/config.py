@@ -36,7 +36,8 @@ T = TypeVar("T")
 
 # `doc(REQUIRED, ...)`: a field without a default, and a required flag on the command line.
 REQUIRED: Any = dataclasses.MISSING
-_CLI_KEYS = frozenset({"flag", "inverted", "nargs", "metavar", "group", "exclusive", "required", "cli", "extend"})
+_CLI_KEYS = frozenset({"flag", "inverted", "nargs", "metavar", "group", "exclusive", "required", "cli", "extend",
+                       "negatable"})
 
 
 def doc(default: Any, help: str, **cli: Any) -> Any:
@@ -46,6 +47,7 @@ def doc(default: Any, help: str, **cli: Any) -> Any:
     nested config built with its own defaults). Optional command-line details, read by `add_flags`:
     flag (option string such as "--input", or a positional name such as "file"; default `--field-name`),
     inverted (a bool field set to False by a store_true flag such as --no-progress, else left at its default),
+    negatable (a bool field off by default that also gets --no-X, for a preset that switches it on),
     nargs, metavar, extend (repeated flags add to the list), group (argparse argument group title; on a
     nested dataclass field it applies to its fields), exclusive (name of a mutually exclusive group, required
     when a member says required=True), required (on the command line although the field has a default),
@@ -345,8 +347,9 @@ def _argparse_kwargs(f: dataclasses.Field, tp: Any) -> dict[str, Any]:
             raise TypeError(f"{f.name}: inverted needs a bool field")
         return {"action": "store_true", "help": text}
     if base is bool:
-        if default is True:
-            return {"action": argparse.BooleanOptionalAction, "default": True, "help": text + " (default: on)"}
+        if default is True or meta.get("negatable"):
+            return {"action": argparse.BooleanOptionalAction, "default": default,
+                    "help": text + (" (default: on)" if default else "")}
         return {"action": "store_true", "help": text}
     origin = typing.get_origin(base)
     if origin in (list, tuple):
@@ -434,6 +437,18 @@ def config_parser(cls: type, description: str | None = None) -> argparse.Argumen
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
     """Parse `argv` (default: sys.argv[1:]) into a validated `cls`; bad values are one-line errors."""
     return config_from_args(cls, config_parser(cls, description).parse_args(argv))
+
+
+def given_fields(cls: type, argv: list[str] | None = None) -> frozenset[str]:
+    """The fields of `cls` (dotted paths for nested ones) whose flags appear in `argv`, even with a value equal
+    to the default: what a preset must not override (`PreprocessConfig.with_recipe`)."""
+    parser = config_parser(cls)
+    for action in parser._actions:  # argparse has no public "was this given" query: parse without defaults
+        action.default, action.required = argparse.SUPPRESS, False
+    for group in parser._mutually_exclusive_groups:
+        group.required = False
+    given = vars(parser.parse_args(argv))
+    return frozenset(".".join(path) for path, f, _, _ in _flag_fields(cls) if _dest(_flag(f)) in given)
 
 
 def parse_subcommand(commands: dict[str, tuple[type, Any]], argv: list[str] | None = None,

@@ -16,14 +16,14 @@ from __future__ import annotations
 import signal
 import sys
 
-from codeparrot.config import parse_config
-from codeparrot.data.preprocess import PreprocessConfig, preprocess
+from codeparrot.data.preprocess import preprocess
+from codeparrot.data.preprocess_config import parse_preprocess_config
 from codeparrot.data.preprocess_stats import format_summary
 from codeparrot.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(PreprocessConfig, argv, __doc__)
+    cfg = parse_preprocess_config(argv, __doc__)
     # A `kill` (SIGTERM) unwinds like Ctrl-C, so the temporary output folder is removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stats = preprocess(cfg)

@@ -10,7 +10,10 @@ license and files with no license; copyleft and commercial licenses are dropped.
 - MPL-2.0 is NOT on it: ScanCode categorizes it "Copyleft Limited" (file-level copyleft: modified MPL files must
   stay MPL and ship their source), and The Stack v2 dropped the copyleft categories. A user who accepts
   file-level copyleft adds it with their own FILE.
-- A record whose `license` is missing, null or empty is "no license" and is kept, as in The Stack v2.
+- A record whose `license` is missing, null, empty or one of `NO_LICENSE` ("unknown", which
+  `scripts/export_local.py` writes for files it has no license for; "no_license", The Stack v2's own value;
+  "none") is "no license" and is kept, as in The Stack v2. GitHub's "other"/"noassertion" (a license file the
+  detector could not name) is a license, just not a recognized one: dropped and counted as unrecognized.
 - Any other string is not on the allowlist and is dropped, but counted apart by its value, so a spelling the
   list does not know ("MIT License", "other") shows up in stats.json instead of vanishing silently.
 - `--licenses FILE`: the user's own allowlist, one license key per line (`#` starts a comment); matched after
@@ -37,6 +40,8 @@ KNOWN_NOT_PERMISSIVE = frozenset({
     "eupl-1.2", "osl-3.0", "cecill-2.1", "ms-rl", "artistic-2.0", "lppl-1.3c", "ofl-1.1", "cc-by-sa-4.0",
     "gfdl-1.3", "odbl-1.0", "vim", "mulanpsl-2.0",
 })
+# `license` values that say "no license information" (kept like a missing field).
+NO_LICENSE = frozenset({"", "unknown", "no_license", "none"})
 MODES = ("all", "permissive")  # any other --licenses value is a FILE path
 
 DROPPED_NOT_ALLOWED = "license_not_allowed"  # a known license outside the allowlist
@@ -84,7 +89,7 @@ class LicenseFilter:
     def reason(self, value: Any) -> str | None:
         """None to keep the record, else why it is dropped (DROPPED_NOT_ALLOWED or DROPPED_UNRECOGNIZED)."""
         key = normalize(value)
-        if self.allowed is None or not key or key in self.allowed:
+        if self.allowed is None or key in NO_LICENSE or key in self.allowed:
             return None
         if key in KNOWN_NOT_PERMISSIVE or key in PERMISSIVE:  # PERMISSIVE: known, but not on a user's FILE list
             return DROPPED_NOT_ALLOWED

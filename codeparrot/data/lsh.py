@@ -105,7 +105,7 @@ def candidate_params(threshold: float, num_perm: int, min_recall: float = 0.95) 
     return bands[best], rows[best]
 
 
-def _band_keys(signatures: np.ndarray, valid_rows: np.ndarray, bands: int, rows: int) -> np.ndarray:
+def band_keys(signatures: np.ndarray, valid_rows: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """[bands, len(valid_rows)] uint32: one key per band per file, the high word of sum_j slot_j * c_j
     (mod 2^64) with fixed random odd c. Different band contents collide with probability about 2^-32 (about
     50k random pairs per band among 20M files); a collision only costs a verification on the full signatures,
@@ -243,6 +243,16 @@ def _link_large_bucket(signatures: np.ndarray, parent: np.ndarray, members: np.n
     _union(parent, members, members[comp])
 
 
+def banding(threshold: float, num_perm: int, params: tuple[int, int] | None = None) -> tuple[int, int, int]:
+    """(bands, rows, equal slots needed) of the candidate search `find_clusters` runs (see its `params`)."""
+    _check_threshold(threshold, num_perm)
+    bands, rows = params if params is not None else candidate_params(threshold, num_perm)
+    if not (isinstance(bands, (int, np.integer)) and isinstance(rows, (int, np.integer))
+            and bands >= 1 and rows >= 1 and bands * rows <= num_perm):
+        raise CodeParrotError(f"near dedup: LSH params {params!r} need bands * rows <= num_perm = {num_perm}")
+    return bands, rows, math.ceil(threshold * num_perm - 1e-9)  # equal slots: estimated Jaccard >= threshold
+
+
 def find_clusters(
     signatures: np.ndarray,
     threshold: float = 0.85,
@@ -264,12 +274,7 @@ def find_clusters(
             f"near dedup: signatures must be a uint32 array [files, num_perm], got "
             f"{getattr(signatures, 'dtype', type(signatures).__name__)} of shape {getattr(signatures, 'shape', '?')}")
     n, num_perm = signatures.shape
-    _check_threshold(threshold, num_perm)
-    bands, rows = params if params is not None else candidate_params(threshold, num_perm)
-    if not (isinstance(bands, (int, np.integer)) and isinstance(rows, (int, np.integer))
-            and bands >= 1 and rows >= 1 and bands * rows <= num_perm):
-        raise CodeParrotError(f"near dedup: LSH params {params!r} need bands * rows <= num_perm = {num_perm}")
-    need = math.ceil(threshold * num_perm - 1e-9)  # equal slots needed: estimated Jaccard >= threshold
+    bands, rows, need = banding(threshold, num_perm, params)
     if valid is None and n:
         valid = np.ones(n, dtype=bool)
         for lo in range(0, n, _SIG_ROWS_PER_CHUNK):
@@ -282,7 +287,7 @@ def find_clusters(
     parent = np.arange(n, dtype=index_dtype)
     if len(valid_rows) < 2:
         return []
-    keys = _band_keys(signatures, valid_rows, bands, rows)  # [bands, m]
+    keys = band_keys(signatures, valid_rows, bands, rows)  # [bands, m]
     for band in range(bands):
         order = np.argsort(keys[band], kind="stable")  # equal keys stay in ascending row order
         sorted_keys = keys[band][order]
@@ -290,19 +295,31 @@ def find_clusters(
         del sorted_keys
         members = valid_rows[order]  # rows in bucket order
         del order
-        sizes = np.diff(np.r_[starts, len(members)])
-        small = sizes <= _SMALL_BUCKET
-        # Small buckets, in two rounds: each member against the bucket's first member (joins a bucket of
-        # near duplicates with k-1 checks), then every pair still in different components.
-        for all_pairs in (False, True):
-            todo = small & _split_buckets(parent, members, starts)
-            u, v = _bucket_pairs(starts[todo], sizes[todo], all_pairs)
-            _verify_and_join(signatures, parent, members[u], members[v], need)
-        large = ~small & _split_buckets(parent, members, starts)
-        for start, size in zip(starts[large].tolist(), sizes[large].tolist()):
-            _link_large_bucket(signatures, parent, members[start : start + size], need)
+        link_buckets(signatures, parent, members, starts, need)
     del keys
     return _components(parent, valid)
+
+
+def link_buckets(signatures: np.ndarray, parent: np.ndarray, members: np.ndarray, starts: np.ndarray,
+                 need: int) -> None:
+    """Join, in the union-find `parent`, every pair of rows that share a bucket and have at least `need` equal
+    signature slots. `members`: rows (each bucket's ascending), bucket g = members[starts[g]:starts[g+1]].
+
+    The result is the components of those verified pairs whatever the buckets' order or grouping (one band, or
+    several bands' buckets at once as `distributed_clustering` does); pairs already joined are not compared."""
+    if not len(starts):
+        return
+    sizes = np.diff(np.r_[starts, len(members)])
+    small = sizes <= _SMALL_BUCKET
+    # Small buckets, in two rounds: each member against the bucket's first member (joins a bucket of
+    # near duplicates with k-1 checks), then every pair still in different components.
+    for all_pairs in (False, True):
+        todo = small & _split_buckets(parent, members, starts)
+        u, v = _bucket_pairs(starts[todo], sizes[todo], all_pairs)
+        _verify_and_join(signatures, parent, members[u], members[v], need)
+    large = ~small & _split_buckets(parent, members, starts)
+    for start, size in zip(starts[large].tolist(), sizes[large].tolist()):
+        _link_large_bucket(signatures, parent, members[start : start + size], need)
 
 
 def _components(parent: np.ndarray, valid: np.ndarray) -> list[np.ndarray]:

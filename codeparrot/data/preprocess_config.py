@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from codeparrot.config import doc
+from codeparrot.config import doc, given_fields, parse_config
 from codeparrot.data.filters import FilterConfig
 from codeparrot.errors import CodeParrotError
 
@@ -52,7 +52,7 @@ class PreprocessConfig:
                                  "repository folder", metavar="ID")
     split: str = doc("train", "split of the Hub datasets (--dataset-id, hf://datasets/...) to read")
     revision: str | None = doc(None, "branch, tag or commit of the Hub datasets (default: the main branch)")
-    near_dedup: bool = doc(False, "also remove near duplicates (MinHash LSH)")
+    near_dedup: bool = doc(False, "also remove near duplicates (MinHash LSH)", negatable=True)
     num_workers: int = doc(_CORES, "worker processes for filtering, decontamination and MinHash; 0 runs everything "
                            f"in this process; the output is identical for every value (default: {_CORES}, the core count)")
     seed: int = doc(0, "seed of the random filters and MinHash: same seed, same output")
@@ -73,9 +73,11 @@ class PreprocessConfig:
                         "no license; drop copyleft and unrecognized license strings, counted by value) or FILE (your "
                         "allowlist, one license key per line)", metavar="all|permissive|FILE", group=STAGES)
     redact_secrets: bool = doc(False, "replace API keys, tokens, private keys, passwords, emails and public IP "
-                               "addresses by <KEY>, <PASSWORD>, <EMAIL>, <IP_ADDRESS> (counted by kind)", group=STAGES)
+                               "addresses by <KEY>, <PASSWORD>, <EMAIL>, <IP_ADDRESS> (counted by kind)", group=STAGES,
+                               negatable=True)
     filter_encoded_data: bool = doc(False, "drop files with a base64/hex/\\uXXXX run over 1,024 characters or such "
-                                    "runs covering over half the file (StarCoder2)", group=STAGES)
+                                    "runs covering over half the file (StarCoder2)", group=STAGES,
+                                    negatable=True)
     near_dedup_keep: Literal["first", "most-copies"] = doc(
         "first", "which file of a near-duplicate cluster stays: first (in input order, CodeParrot) or most-copies "
         "(highest `copies` field, ties to the first)", group=STAGES)
@@ -85,6 +87,11 @@ class PreprocessConfig:
     jaccard_threshold: float = doc(0.85, "estimated Jaccard similarity of identifier-token sets that links two files",
                                    group=NEAR)
     min_tokens: int = doc(10, "files with fewer identifier tokens are never clustered", group=NEAR)
+    ray_clustering: Literal["driver", "distributed"] = doc(
+        "driver", "with --engine ray: where the LSH clustering runs: driver (signatures memory-mapped on the driver's "
+        "disk, about 95 B/file of index in its RAM) or distributed (Ray tasks: band keys hash-partitioned, connected "
+        "components in large-star/small-star rounds; the driver receives only the clustered files' ids); the "
+        "clusters are identical", group=NEAR)
     compression_level: int = doc(6, "gzip level 0-9 of the shards")
     progress: bool | None = doc(None, "no progress bars (without it: bars when stderr is a terminal)",
                                 flag="--no-progress", inverted=True)
@@ -100,6 +107,8 @@ class PreprocessConfig:
     stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "
                                "input that stopped answering, a hung worker), the stacks of every thread go to "
                                "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off")
+    given: tuple[str, ...] = doc((), "the fields set on the command line (scripts/preprocess.py fills it): "
+                                 "--recipe never overrides them, even when given their default value", cli=False)
     chunk_files: int = doc(64, "a worker task closes at this many files ...", cli=False)
     chunk_bytes: int = doc(1 << 20, "... or this many characters of text", cli=False)
     filters: FilterConfig = doc(FilterConfig, "the heuristic filters", group=FILTERS)
@@ -127,15 +136,27 @@ class PreprocessConfig:
             raise CodeParrotError(f"--recipe must be codeparrot or stack-v2, got {self.recipe!r}")
         if self.ray_address is not None and self.engine != "ray":
             raise CodeParrotError("--ray-address needs --engine ray")
+        if self.ray_clustering not in ("driver", "distributed"):
+            raise CodeParrotError(f"--ray-clustering must be driver or distributed, got {self.ray_clustering!r}")
+        if self.ray_clustering == "distributed" and self.engine != "ray":
+            raise CodeParrotError("--ray-clustering distributed needs --engine ray")
         if self.ray_blocks is not None and self.ray_blocks < 1:
             raise CodeParrotError(f"ray_blocks must be >= 1, got {self.ray_blocks}")
         self.filters.validate()
 
     def with_recipe(self) -> "PreprocessConfig":
-        """A copy with `recipe`'s settings applied: for stack-v2, every STACK_V2 field still at its default takes
-        the recipe's value; one set to another value keeps it (e.g. `--licenses my-allowlist.txt`)."""
+        """A copy with `recipe`'s settings applied: for stack-v2, every STACK_V2 field takes the recipe's value
+        unless it was given on the command line (`given`, e.g. `--licenses all` or `--no-redact-secrets`) or set
+        to another value than its default (a config built in Python)."""
         if self.recipe != "stack-v2":
             return self
         defaults = PreprocessConfig()
-        changes = {k: v for k, v in STACK_V2.items() if getattr(self, k) == getattr(defaults, k)}
+        changes = {k: v for k, v in STACK_V2.items()
+                   if k not in self.given and getattr(self, k) == getattr(defaults, k)}
         return dataclasses.replace(self, **changes)
+
+
+def parse_preprocess_config(argv: list[str] | None = None, description: str | None = None) -> PreprocessConfig:
+    """scripts/preprocess.py's command line as a PreprocessConfig, with `given` naming the flags it holds."""
+    cfg = parse_config(PreprocessConfig, argv, description)
+    return dataclasses.replace(cfg, given=tuple(sorted(given_fields(PreprocessConfig, argv))))

@@ -19,10 +19,12 @@ Stages (the driver only sees fixed-size per-record numbers, never file contents;
 3. filters + encoded-data filter + decontamination + redaction + MinHash (Ray Data map over the winners):
    `ChunkWorker`, as in the local pool. Its output blocks stay in the object store; a task per block returns
    the counts (redactions by kind: counts only) and the kept files' numbers.
-4. near dedup (driver): the kept files' signatures, one block at a time, into a memory-mapped file in id order
-   (the local spool's row order), clustered by `find_clusters`, one member kept per cluster by
-   `--near-dedup-keep` (the kept files' `copies`); a cluster member's repo_name and path are read by a task on
-   the block that holds it.
+4. near dedup: by default on the driver, the kept files' signatures, one block at a time, into a memory-mapped
+   file in id order (the local spool's row order), clustered by `find_clusters`; with `--ray-clustering
+   distributed`, by Ray tasks (`ray_clustering`: band keys hash-partitioned, buckets linked where their
+   members' signatures are, connected components in large-star/small-star rounds), the same clusters with no
+   index and no signature on the driver. One member kept per cluster by `--near-dedup-keep` (the kept files'
+   `copies`); a cluster member's repo_name and path are read by a task on the block that holds it.
 5. shards (a task per shard): the driver assigns each kept id its split and shard (`samples_per_file`
    consecutive kept ids per shard); the shard's task gets those ids and the blocks whose kept id range overlaps
    them, sorts its rows by id and writes them with `ShardWriter`, then renames the file into place (a retried
@@ -58,11 +60,12 @@ from codeparrot.atomic_io import atomic_write_json
 from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
 from codeparrot.data.engine import EngineJob, EngineOutput
 from codeparrot.data.hub_input import HubInput
-from codeparrot.data.lsh import find_clusters
+from codeparrot.data.lsh import banding, find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
 from codeparrot.data.record_work import ChunkWorker, count_decisions, count_redactions, replace_text
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
+from codeparrot.data.ray_clustering import distributed_clusters
 from codeparrot.data.exact_dedup import first_ids
 from codeparrot.data.ray_read import Locations, parse_rows, read_unit, read_units, replay_bad
 from codeparrot.data.records import BadRecords
@@ -77,6 +80,7 @@ _KEPT_COLUMNS = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_s
 _WORK_CPUS = 1
 _WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
 _READ_TASK_MEMORY = 64 << 20  # bytes reserved per read task (Ray's logical memory resource)
+_PARTITION_BYTES = 256 << 20  # band keys per clustering partition at most (--ray-clustering distributed)
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
 
 
@@ -382,7 +386,11 @@ def _near_dedup(cfg: PreprocessConfig, blocks: list, ranges: list[tuple[int, int
     ids, n = kept["id"], len(kept["id"])
     t = time.perf_counter()
     clusters: list[np.ndarray] = []
-    if n:
+    if n and cfg.ray_clustering == "distributed":  # Ray tasks: no index and no signature on the driver
+        bands = banding(cfg.jaccard_threshold, cfg.num_perm)[0]
+        partitions = max(int(ray.cluster_resources().get("CPU", 1)), math.ceil(n * bands * 12 / _PARTITION_BYTES))
+        clusters = distributed_clusters(blocks, ranges, ids, cfg.jaccard_threshold, cfg.num_perm, partitions)
+    elif n:
         sig_path = tmp / ".signatures.u32"
         sigs = np.lib.format.open_memmap(sig_path, mode="w+", dtype=np.uint32, shape=(n, cfg.num_perm))
         for block in blocks:  # one block's signatures on the driver at a time

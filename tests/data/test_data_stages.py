@@ -11,6 +11,7 @@ import pytest
 from codeparrot.data.encoded_data import encoded_data_reason
 from codeparrot.data.licenses import (DROPPED_NOT_ALLOWED, DROPPED_UNRECOGNIZED, PERMISSIVE, LicenseCounts,
                                       LicenseFilter)
+from codeparrot.data.preprocess_config import STACK_V2, PreprocessConfig, parse_preprocess_config
 from codeparrot.data.near_dedup import MinHasher, copies_of, estimated_jaccard, kept_member
 from codeparrot.data.secret_redaction import find_secrets, redact
 from codeparrot.errors import CodeParrotError
@@ -22,6 +23,9 @@ from codeparrot.tools.secret_sample import LOOKALIKE_KINDS, SECRET_KINDS, labell
 def test_permissive_keeps_the_allowlist_and_no_license_and_counts_the_rest():
     f = LicenseFilter("permissive")
     assert [f.reason(v) for v in ("mit", " Apache-2.0 ", "bsd-3-clause", "cc0-1.0", None, "")] == [None] * 6
+    # "no license information": export_local.py writes "unknown", The Stack v2 "no_license"; kept like a missing one
+    assert [f.reason(v) for v in ("unknown", "Unknown", "no_license", "none")] == [None] * 4
+    assert f.reason("noassertion") == DROPPED_UNRECOGNIZED  # a license file GitHub could not name is a license
     assert f.reason("gpl-3.0") == f.reason("agpl-3.0") == DROPPED_NOT_ALLOWED
     assert f.reason("mpl-2.0") == DROPPED_NOT_ALLOWED  # file-level copyleft: not on the default list
     assert f.reason("MIT License") == f.reason("other") == DROPPED_UNRECOGNIZED  # not silently kept
@@ -32,6 +36,19 @@ def test_permissive_keeps_the_allowlist_and_no_license_and_counts_the_rest():
     assert counts.as_stats() == {"kept_by_license": {"(none)": 1, "mit": 1},
                                  "dropped_by_license": {"gpl-3.0": 1, "mit license": 1},
                                  "dropped_by_reason": {DROPPED_NOT_ALLOWED: 1, DROPPED_UNRECOGNIZED: 1}}
+
+
+def test_the_recipe_never_overrides_a_flag_given_on_the_command_line():
+    base = ["--input", "in", "--output-dir", "out", "--recipe", "stack-v2"]
+    recipe = parse_preprocess_config(base).with_recipe()
+    assert {k: getattr(recipe, k) for k in STACK_V2} == STACK_V2
+    # each stage switched off (or set to its CodeParrot default) by name wins, the others stay the recipe's
+    cfg = parse_preprocess_config(base + ["--licenses", "all", "--no-redact-secrets", "--jaccard-threshold", "0.85"])
+    chosen = cfg.with_recipe()
+    assert (chosen.licenses, chosen.redact_secrets, chosen.jaccard_threshold) == ("all", False, 0.85)
+    assert chosen.filter_encoded_data and chosen.near_dedup and chosen.shingle_size == 5
+    assert parse_preprocess_config(base[:4] + ["--no-near-dedup"]).with_recipe() == PreprocessConfig(
+        inputs=["in"], output_dir="out", given=("inputs", "near_dedup", "output_dir"))
 
 
 def test_user_allowlist_file(tmp_path):

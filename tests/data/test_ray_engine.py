@@ -114,11 +114,13 @@ def test_the_corpus_exercises_every_decision(inputs, tmp_path_factory):
 
 
 # Each Ray run costs seconds of fixed scheduling, so the reversed input order shares a run with 8 blocks.
-@pytest.mark.parametrize("blocks,reverse", [(1, False), (3, False), (8, True)])
-def test_ray_engine_writes_exactly_what_the_local_engine_writes(blocks, reverse, inputs, tmp_path, ray_session,
-                                                                tmp_path_factory):
+# --ray-clustering distributed (LSH and connected components in Ray tasks) must give the same clusters and shards.
+@pytest.mark.parametrize("blocks,reverse,clustering", [(1, False, "driver"), (3, False, "driver"), (8, True, "driver"),
+                                                       (5, True, "distributed")])
+def test_ray_engine_writes_exactly_what_the_local_engine_writes(blocks, reverse, clustering, inputs, tmp_path,
+                                                                ray_session, tmp_path_factory):
     files = inputs[::-1] if reverse else inputs
-    stats = preprocess(_cfg(files, tmp_path / "out", "ray", ray_blocks=blocks))
+    stats = preprocess(_cfg(files, tmp_path / "out", "ray", ray_blocks=blocks, ray_clustering=clustering))
     assert stats["config"]["engine"] == "ray"
     assert _output(tmp_path / "out") == _local(inputs, tmp_path_factory, reverse)
 

@@ -22,10 +22,10 @@ from codeparrot.tools.benchmarks.common import BenchRow, measure
 from codeparrot.tools.benchmarks.data import QUICK_PACKAGES
 
 
-def _run(raw: Path, out: Path, engine: str, workers: int) -> tuple[dict, float]:
+def _run(raw: Path, out: Path, engine: str, workers: int, **kw) -> tuple[dict, float]:
     start = time.perf_counter()
     stats = preprocess(PreprocessConfig([str(raw)], str(out), near_dedup=True, num_workers=workers, progress=False,
-                                        engine=engine))
+                                        engine=engine, **kw))
     return stats, time.perf_counter() - start
 
 
@@ -87,6 +87,19 @@ def rows(quick: bool = False) -> list[BenchRow]:
                     f"local engine (2 workers), run alternately: {local_rate:,.0f} files/s")
             out.append(BenchRow(f"preprocess --engine ray, {workers} worker{'s' * (workers > 1)} ({name})",
                                 "files/s", median, low, high, len(walls), note))
+        # --ray-clustering distributed against the driver's clustering of the same run's files (same clusters)
+        driver_stats, _ = _run(work / "raw", work / "ray-driver", "ray", 2)
+        dist_stats, _ = _run(work / "raw", work / "ray-distributed", "ray", 2, ray_clustering="distributed")
+        same = (work / "ray-driver" / "duplicate_clusters.json").read_bytes() == (
+            work / "ray-distributed" / "duplicate_clusters.json").read_bytes()
+        clustered = dist_stats["kept_train"] + dist_stats["kept_valid"] + dist_stats["near_duplicates"]
+        for label, stats in (("driver", driver_stats), ("distributed", dist_stats)):
+            seconds = stats["seconds"]["clustering"]
+            out.append(BenchRow(f"preprocess --engine ray: clustering, --ray-clustering {label} ({name})", "us/file",
+                                seconds / max(clustered, 1) * 1e6, float("nan"), float("nan"), 1,
+                                f"{seconds:.2f} s for {clustered:,} kept files, 2 CPUs"
+                                + ("" if label == "driver" else
+                                   f"; clusters identical to the driver's: {'yes' if same else 'NO'}")))
         ratios.sort()
         out.append(BenchRow(f"preprocess --engine ray / local, 2 workers each ({name})", "ratio",
                             ratios[len(ratios) // 2], ratios[0], ratios[-1], len(ratios),
