@@ -15,19 +15,26 @@ the host's data or processes, or the host's resources. What is isolated, and by 
   (`checker.py`, `channel.py`). The answer key never enters the program's process: programs descend from
   a zygote forked before the first job, which never receives a test or any job's text, and read only their
   own prompt and completion from a pipe (`server.py`). Frames, objects and memory pages of the program
-  hold neither its test nor earlier jobs;
+  hold neither its test nor earlier jobs. A test whose arguments cannot cross as plain data fails the
+  sample (a program could provoke that, and rerunning it in-process would hand it the test) unless
+  `in_process_fallback=True`;
 - the kernel interface: a seccomp allowlist measured on pure-Python programs; everything else fails with
   ENOSYS/EPERM (memfd, io_uring, keyrings, bpf, perf, userfaultfd, ptrace, process_vm_*, mount and
-  namespace calls, socket(), SysV/POSIX IPC, prctl); no new executable memory, so no native code but the
-  interpreter's own extension modules (loaded before the zygote forks) can run (`seccomp.py`);
+  namespace calls, socket(), SysV/POSIX IPC, prctl; fcntl only for flags, duplicates and locks, so no
+  F_SETOWN/F_SETSIG/O_ASYNC signal by proxy); executable memory only as an unwritable mapping of a file on
+  the read-only view (W^X: never anonymous, never a file the program wrote), or none at all in guard-only
+  mode, where the interpreter's extension modules are loaded before the zygote forks; so no native code but
+  the interpreter's own can run (`seccomp.py`). The program is not dumpable in any mode: its /proc/self/mem
+  (which writes through page protections) is root's, not its own;
 - memory: a memory cgroup per worker that each program joins (`memory_mb` for everything it holds:
   heap, tmpfs, shared memory, kernel buffers) plus RLIMIT_AS (`cgroup.py`);
 - processes, files, network: PID/IPC/mount/network namespaces, a minimal read-only filesystem view, a
-  private uid, rlimits (`kernel.py`, `rootfs.py`); signals only through pidfds or to unreaped children.
+  private uid, rlimits (`kernel.py`, `rootfs.py`); signals only through pidfds or to unreaped children
+  (the harness too: a worker that `poll()` already reaped is not signalled).
 Out of scope: a model that memorised the answers passes any HumanEval scorer (contamination is a data
 problem, see the decontamination stage); CPU use within the time limits; kernel bugs reachable through the
-allowed calls; the in-process fallback (results marked `in-process`), where the test runs beside the
-program and integrity is best effort.
+allowed calls; the in-process mode (results marked `in-process`: programs without an entry point, and
+the opt-in fallback), where the test runs beside the program and integrity is best effort.
 Weaker modes, each printed at start ("sandbox: weaker mode: ...") and named in the layers line of
 results.json, never silent: without user namespaces (not root) there are no namespaces and no private
 uid, and the audit-hook guard plus the seccomp allowlist are the barrier (best effort for the guard);

@@ -12,7 +12,8 @@ The verdict is one line on a pipe only the server holds:
   `P`            check(candidate) returned;
   `F <detail>`   it raised (the assertion, or the candidate's exception, or a reply that is not plain data);
   `X <detail>`   the program's process ended or broke the protocol (the server then asks how it ended);
-  `N <reason>`   the test cannot run this way (an argument that is not plain data): run it in-process.
+  `N <reason>`   the test cannot run this way (an argument that is not plain data): the sample fails with
+                 that reason, or, only with `SandboxConfig.in_process_fallback`, reruns in-process (marked).
 """
 
 import builtins

@@ -9,8 +9,9 @@ Two ways to run a program:
   answer the trusted checker's calls of the entry point over plain-data pipes (`channel.py`). The verdict
   is decided in the checker's process (`checker.py`), which the program cannot reach: nothing in this
   process (no nonce, no checker frame, no module or builtin the test uses) takes part in it.
-- `run_program` (the in-process fallback: no entry point, or a test that passes arguments that are not
-  plain data; such results are marked `in-process (why)`): the test runs here, after the program, with
+- `run_program` (the in-process fallback: no entry point, or, only with `in_process_fallback=True`, a
+  test that passes arguments that are not plain data; such results are marked `in-process (why)`): the
+  test runs here, after the program, with
   the integrity measures below. Best effort only: code in the same interpreter can in principle reach it.
 
 The guard's lines. The audit hook writes on the result pipe (fd 3): `D <nonce> <event>` when it refuses an

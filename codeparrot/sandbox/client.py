@@ -11,8 +11,10 @@ probed at start and reported in `Sandbox.layers` (never assumed):
 The verdict: with an entry point the test runs in a separate trusted checker process (`checker.py`) that
 calls the candidate over pipes carrying plain data only (`channel.py`); the program's process only
 answers calls, so nothing it does (exit early, patch builtins, walk frames, write fake lines, return an
-object whose `__eq__` says True) can make wrong answers pass. Tests that cannot run that way (no entry
-point, non-plain arguments) run in-process and the result says so (`ExecResult.checker`).
+object whose `__eq__` says True) can make wrong answers pass. A program without an entry point (the test
+is the program) runs in-process and the result says so (`ExecResult.checker`); a test whose arguments
+cannot cross as plain data fails with that reason, never rerun with the test in the program's process
+unless `in_process_fallback=True` (then marked the same way).
 
 Enforced by the kernel (real boundaries):
 - own session and a new PID namespace whose init is the program: on the wall-clock timeout (default 3 s)
@@ -122,6 +124,11 @@ class SandboxConfig:
     # Programs see only the interpreter, its standard and shared libraries, a few devices, /proc and their
     # workspace (rootfs.py); False: the host's tree, read-only, with the home folders covered.
     minimal_root: bool = True
+    # A test whose arguments cannot cross the plain-data channel (a function, an object of the test's): False
+    # fails the sample with that reason; True reruns it with the test in the program's process (the answer
+    # key within its reach), marked `in-process (why)`: integrity best effort only, and a program can steer
+    # a test into that mode (a return value that cannot be sent back).
+    in_process_fallback: bool = False
 
     def validate(self) -> None:
         if not self.timeout > 0:
@@ -258,6 +265,10 @@ class _Server:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env={},
                                          cwd="/", start_new_session=True, close_fds=True)
+        try:  # taken before anything can reap it: names this worker for as long as the descriptor lives
+            self.pidfd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):  # no pidfds (kernel < 5.3): only the returncode tells
+            self.pidfd = None
         self.buf = b""
         hello = self.readline(time.monotonic() + 60)
         if "error" in hello:
@@ -294,22 +305,47 @@ class _Server:
         return self.readline(time.monotonic() + timeout + 30.0)  # the worker enforces `timeout` itself
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """SIGKILL the worker and its process group, then reap it. Its pid (and so the group id it leads)
+        names our worker only until it is reaped, and `poll()` may have reaped it already (a worker that
+        died mid-job: the read that saw EOF asked for its exit code): then signal nothing, since the
+        number may belong to someone else by now. The worker's children die with it (PDEATHSIG)."""
+        if self.proc.returncode is None and self._unreaped():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # unreaped, a zombie included: still our group
+            except (ProcessLookupError, PermissionError):
+                pass
         self.proc.wait()
+        self._close_pidfd()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
 
+    def _unreaped(self) -> bool:
+        """Is the worker's process still there to signal (running or a zombie), reaped by nobody? Popen
+        reaps only in poll()/wait(); the pidfd also catches a reaper elsewhere in the harness."""
+        if self.pidfd is None:
+            return True
+        try:
+            signal.pidfd_send_signal(self.pidfd, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def _close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()  # EOF: the worker finishes and exits
             self.proc.wait(timeout=5)
             self.proc.stdout.close()
+            self._close_pidfd()
         except (OSError, subprocess.TimeoutExpired):
             self.kill()
 

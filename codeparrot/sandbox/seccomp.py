@@ -23,6 +23,10 @@ Arguments checked (the kernel hands the filter the low 32 bits of each argument,
   then loads every extension module of the interpreter before any program (`server.warm_up`).
 - `socketpair`: AF_UNIX only (an unnamed pair: asyncio's self-pipe); `socket()` is refused for every family.
 - `ioctl`: terminal queries and the fd flags only (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX, FIONCLEX).
+- `fcntl`: duplicating, descriptor and status flags, record locks, the pipe size (`FCNTLS`); F_SETFL never
+  with O_ASYNC. F_SETOWN/F_SETOWN_EX/F_SETSIG (with O_ASYNC: the kernel sends any signal to any process the
+  program's uid may signal, whatever `kill` is allowed), F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ and the seals
+  are refused.
 - `kill`, `tgkill`, `rt_(tg)sigqueueinfo` (with `foreign_signals`): only to the program's own pid;
   `prlimit64`: only of itself (pid 0 or its own).
 Another ABI than the native one (x32, i386 through int 0x80) is refused outright.
@@ -96,7 +100,7 @@ ALLOWED = frozenset({
     "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
     "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "truncate", "ftruncate", "fsync", "fdatasync",
     "utimensat", "umask", "statfs", "fstatfs", "flock", "fallocate", "sendfile", "copy_file_range",
-    "fcntl", "dup", "dup2", "dup3", "pipe", "pipe2",
+    "dup", "dup2", "dup3", "pipe", "pipe2",
     # memory (mmap/mprotect: RESTRICTED)
     "munmap", "mremap", "madvise", "brk",
     # signals to itself, timers, clocks
@@ -122,6 +126,11 @@ SIGNALS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 CLONE_THREAD, CLONE_NAMESPACES = 0x00010000, 0x7E020080  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 PROT_WRITE, PROT_EXEC, MAP_ANONYMOUS, AF_UNIX = 2, 4, 0x20, 1
 IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD FIONBIO FIONCLEX FIOCLEX
+# fcntl commands a program may use: F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL (never O_ASYNC), F_GETLK,
+# F_SETLK, F_SETLKW, F_OFD_GETLK/SETLK/SETLKW, F_DUPFD_CLOEXEC, F_GETPIPE_SZ. Not F_SETOWN(_EX), F_SETSIG,
+# F_SETLEASE, F_NOTIFY (each makes the kernel send a chosen signal to a chosen process: a kill by proxy).
+FCNTLS = (0, 1, 2, 3, 5, 6, 7, 36, 37, 38, 1030, 1032)
+F_SETFL, O_ASYNC = 4, 0o20000  # the same on x86_64 and aarch64
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 _LD, _JEQ, _JGE, _JSET, _JA, _RET = 0x20, 0x15, 0x35, 0x45, 0x05, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JGE, JSET, JA, RET
@@ -209,7 +218,7 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
         p.label("native_nr")
     plain = sorted(numbers[n] for n in ALLOWED | (SPAWNING if spawning else frozenset()) if n in numbers)
     restricted = [("mmap", "mmap"), ("mprotect", "noexec"), ("clone", "clone"), ("socketpair", "socketpair"),
-                  ("ioctl", "ioctl"), ("prlimit64", "self_or_zero")]
+                  ("ioctl", "ioctl"), ("fcntl", "fcntl"), ("prlimit64", "self_or_zero")]
     restricted += [(n, "self" if foreign_signals else "allow") for n in SIGNALS]
     # A binary search over the syscall numbers (about 8 comparisons whichever the call): the kernel runs the
     # filter on restricted calls, and at install time for every number (its cache of always-allowed
@@ -246,6 +255,13 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
             for request in IOCTLS:
                 p.emit(_JEQ, request, jt="allow")
             p.emit(_JA, "eperm")
+        elif kind == "fcntl":
+            p.emit(_LD, _arg(1))
+            for command in FCNTLS:
+                p.emit(_JEQ, command, jt="allow")
+            p.emit(_JEQ, F_SETFL, jf="eperm")
+            p.emit(_LD, _arg(2))
+            p.emit(_JSET, O_ASYNC, jt="eperm", jf="allow")
         elif kind == "self":
             p.emit(_LD, _arg(0))
             p.emit(_JEQ, pid & 0xFFFFFFFF, jt="allow", jf="eperm")

@@ -40,10 +40,11 @@ its own interpreter and calls the candidate over two pipes (call: checker -> pro
 
 Three more pipes serve both modes. The result pipe (fd 3 in the program) carries the audit hook's lines,
 `D <nonce> <event>` (a refusal) and `F <nonce> <exception>` (why the program ended before the check); the
-nonce (fd 4, read and closed while the guard installs) tells them from program output. Only in the
-in-process fallback (no entry point, or a test passing non-plain arguments) is a pass, `P <nonce>`, read
-there, and marked as such in the result. Sandbox errors go through fd 5, which the watchdog and the
-program's setup write to and which is closed before program code runs.
+nonce (fd 4, read and closed while the guard installs) tells them from program output. Only in-process
+(no entry point; or, only with `in_process_fallback`, a test passing non-plain arguments, otherwise the
+sample's failure, since the program could provoke it) is a pass, `P <nonce>`, read there, and marked as
+such in the result. Sandbox errors go through fd 5, which the watchdog and the program's setup write to
+and which is closed before program code runs.
 """
 
 import fcntl
@@ -233,9 +234,13 @@ def _program(cfg, layers, job, fds) -> None:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
-            prctl(PR_SET_DUMPABLE, 0)  # /proc/self/* becomes root-owned: no /proc/self/mem, fd reopening
         elif layers["user_namespace"]:
             drop_capabilities()
+        # After any uid change (which resets it), in every mode (user-namespace mode included, where the
+        # program keeps the harness's uid): its /proc/self/mem (writing there ignores page protections:
+        # native code without executable mmap), auxv, environ... become root's, and no other process of
+        # the same uid may ptrace it or read its memory. (An exec, with allow_processes, resets it.)
+        prctl(PR_SET_DUMPABLE, 0)
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
         if layers["seccomp"] or layers["program_seccomp"]:
@@ -365,9 +370,10 @@ def _wait_readable(fd: int, deadline: float) -> bool:
 def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
     """Run one program. With an entry point the check is isolated: the trusted checker (its own process)
     runs the test and calls the candidate over plain-data pipes; the program's process, a descendant of
-    the zygote, only answers calls and never receives the test. Without one (the test is the program), or
-    when the test passes arguments that are not plain data, today's in-process check runs and the result
-    says so (`checker`)."""
+    the zygote, only answers calls and never receives the test. Without one (the test is the program) the
+    in-process check runs and the result says so (`checker`). A test passing arguments that are not plain
+    data (verdict `N`) fails the sample with that reason; only with `in_process_fallback` is it rerun
+    in-process (marked)."""
     start = time.monotonic()
     timeout = float(job["timeout"])
     isolated = bool(job.get("entry_point")) and job.get("_mode") != "in-process"
@@ -458,9 +464,15 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
         state, detail = "failed", verdict[1]
     elif verdict[0] == "E":
         state, detail = "error", verdict[1]
-    elif verdict[0] == "N":  # the test needs the candidate in its own process: today's mode, marked
+    elif verdict[0] == "N" and cfg.get("in_process_fallback"):  # asked for: the test beside the program, marked
         return run_job(cfg, layers, {**job, "_mode": "in-process", "_mode_detail": f"in-process ({verdict[1]})"},
                        zygote)
+    elif verdict[0] == "N":
+        # Rerunning in-process would hand the test (the answer key) to the program, and the program can
+        # provoke this verdict itself (a return value the test passes back that cannot cross the channel):
+        # never a pass it could earn that way.
+        state, detail = "failed", (f"not checked: {verdict[1]}; the in-process fallback (the test in the "
+                                   f"program's process) is off (SandboxConfig.in_process_fallback)")
     else:
         state, detail = classify(data, errors, nonce, code, timed_out, timeout, accept_pass=not isolated)
         if isolated and state == "failed" and detail.startswith("exited with code") and verdict[1]:

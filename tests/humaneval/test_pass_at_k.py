@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 
@@ -74,13 +76,17 @@ def test_best_per_k_picks_the_best_temperature_per_k():
     assert only_none["pass@5"]["value"] is None and "only 1 samples" in only_none["pass@5"]["reason"]
 
 
-def test_evaluate_metric_loads_offline_and_agrees(tmp_path, monkeypatch):
+def _load_metric(tmp_path, monkeypatch):
     evaluate = pytest.importorskip("evaluate")
     from codeparrot.humaneval.pass_at_k import METRIC_DIR
 
     monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", tmp_path / "modules")  # not ~/.cache
     monkeypatch.delenv("CODEPARROT_ALLOW_CODE_EXECUTION", raising=False)
-    metric = evaluate.load(str(METRIC_DIR), keep_in_memory=True, cache_dir=str(tmp_path / "cache"))
+    return evaluate.load(str(METRIC_DIR), keep_in_memory=True, cache_dir=str(tmp_path / "cache"))
+
+
+def test_evaluate_metric_loads_offline_and_agrees(tmp_path, monkeypatch):
+    metric = _load_metric(tmp_path, monkeypatch)
     predictions = [["def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b",
                     "def add(a, b):\n    while True:\n        pass"],
                    ["def one():\n    return 1"]]
@@ -92,3 +98,38 @@ def test_evaluate_metric_loads_offline_and_agrees(tmp_path, monkeypatch):
     assert out["pass@1"] == pytest.approx((pass_at_k(3, 1, 1) + pass_at_k(1, 1, 1)) / 2)
     assert out["pass@2"] is None and "only 1 samples" in out["not_computable"]["pass@2"]
     assert [r["status"] for r in out["results"][0]] == ["passed", "failed", "timed out"]
+    # No `check(NAME)` line: the reference is the program's own test, run beside it, and each result says so.
+    assert all(r["checker"] == "in-process (the test is the program)" for task in out["results"] for r in task)
+    assert out["checked_in_process"] == 4 and "seccomp" in out["sandbox"]
+
+
+def _forger():
+    """The answer-key forger of the sandbox tests: answers each call with the test's own expected value
+    when it can find the test's text anywhere it can reach (frames, objects, modules)."""
+    path = Path(__file__).resolve().parents[1] / "sandbox" / "test_answer_key.py"
+    spec = importlib.util.spec_from_file_location("answer_key_attacks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._forged
+
+
+def test_evaluate_metric_checks_humaneval_references_isolated(tmp_path, monkeypatch):
+    """HumanEval's reference format (test + `check(NAME)`) names the entry point, so the metric checks each
+    candidate like the scorer does: the test in a trusted process, never in the candidate's. A completion
+    that forges answers from the test passes none of 20 tasks (before: the test ran in its process and it
+    passed 18); the canonical solutions, given as whole programs with `prompts=` for the helpers, all pass;
+    every verdict is marked isolated."""
+    from codeparrot.humaneval.problems import load_problems
+
+    metric = _load_metric(tmp_path, monkeypatch)
+    problems, forged = load_problems(None, 20), _forger()
+    references = [p["test"] + f"\ncheck({p['entry_point']})" for p in problems]
+    predictions = [[p["prompt"] + forged(p["entry_point"]), p["prompt"] + p["canonical_solution"]] for p in problems]
+    out = metric.compute(predictions=predictions, references=references, prompts=[p["prompt"] for p in problems],
+                         k=[1], timeout=5.0, allow_code_execution=True)
+    forged_passes = [p["task_id"] for p, task in zip(problems, out["results"]) if task[0]["status"] == "passed"]
+    assert forged_passes == [], forged_passes
+    canonical = [task[1] for task in out["results"]]
+    assert all(r["status"] == "passed" for r in canonical), [r for r in canonical if r["status"] != "passed"][:3]
+    assert {r["checker"] for task in out["results"] for r in task} == {"isolated"}
+    assert out["checked_in_process"] == 0 and out["pass@1"] == pytest.approx(0.5)

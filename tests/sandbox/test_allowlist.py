@@ -13,6 +13,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -38,6 +39,11 @@ REFUSED = {
     "mmap(PROT_EXEC, anonymous)": (9, "0, 4096, 7, 0x22, -1, 0"), "mprotect(PROT_EXEC)": (10, "0, 4096, 5"),
     "ioctl(TIOCSTI)": (16, "0, 0x5412, ctypes.create_string_buffer(1)"),
     "setpriority": (141, "0, 0, 19"),
+    # fcntl commands that make the kernel signal a process of the caller's choosing, or touch others' files
+    "fcntl(F_SETOWN)": (72, "0, 8, 1"), "fcntl(F_SETOWN_EX)": (72, "0, 15, ctypes.create_string_buffer(8)"),
+    "fcntl(F_SETSIG)": (72, "0, 10, 9"), "fcntl(F_SETFL, O_ASYNC)": (72, "0, 4, 0o20000"),
+    "fcntl(F_SETLEASE)": (72, "0, 1024, 0"), "fcntl(F_NOTIFY)": (72, "0, 1026, 0x80000001"),
+    "fcntl(F_SETPIPE_SZ)": (72, "0, 1031, 1 << 20"),
 }
 
 
@@ -110,6 +116,49 @@ def test_threads_asyncio_and_the_standard_library_work_under_the_filter(kernel_b
                "    out.append(int(decimal.Decimal('7.0')))\n    out.append(len(lzma.compress(zlib.compress(b'8'))) > 0)\n"
                "    out.append(hashlib.sha256(b'').hexdigest()[:2])\n    time.sleep(0.001)\n    return out\n")
     _assert_passes(kernel_box, program, "def check(candidate):\n    assert candidate() == [1, 2, 3, 4, 5, 6, 7, True, 'e3']\n")
+
+
+def test_fcntl_works_for_flags_duplicates_and_locks(kernel_box):
+    """What programs use fcntl for passes the allowlist's command rule: status and descriptor flags
+    (non-blocking, close-on-exec), duplicates, record and open-file-description locks, the pipe size."""
+    program = ("import fcntl, os, struct\ndef f():\n    r, w = os.pipe()\n    os.set_blocking(r, False)\n"
+               "    out = [os.get_blocking(r)]\n    os.set_inheritable(w, True)\n"
+               "    out.append(os.get_inheritable(w))\n"
+               "    out.append(fcntl.fcntl(r, fcntl.F_DUPFD, 20) >= 20)\n"
+               "    out.append(fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 30) >= 30)\n"
+               "    out.append(fcntl.fcntl(r, fcntl.F_GETPIPE_SZ) > 0)\n"
+               "    with open('locked', 'w') as f:\n        fcntl.lockf(f, fcntl.LOCK_EX)\n"
+               "        fcntl.lockf(f, fcntl.LOCK_UN)\n        lock = struct.pack('h', fcntl.F_WRLCK) + bytes(30)\n"
+               "        fcntl.fcntl(f, fcntl.F_OFD_SETLK, lock)\n"
+               "        out.append(len(fcntl.fcntl(f, fcntl.F_GETLK, lock)))\n    return out\n")
+    _assert_passes(kernel_box, program,
+                   "def check(candidate):\n    assert candidate() == [False, True, True, True, True, 32]\n")
+
+
+def test_fcntl_cannot_signal_another_process(start_box):
+    """Guard-only mode (no PID namespace, no private uid: a host process is in reach and `kill` is refused
+    by the filter's signal rule), the program asks the kernel to do the kill for it: F_SETOWN names the
+    victim, F_SETSIG picks SIGKILL, O_ASYNC arms the pipe, a write fires it. Each step is refused and the
+    victim (a process of the same uid) lives; without the fcntl rule it was SIGKILLed."""
+    box = start_box(SandboxConfig(timeout=5.0, namespaces=False, drop_privileges=False, allow_root=True))
+    if not box.layers["program_seccomp"]:
+        pytest.skip(f"no seccomp on this kernel: {box.layers['notes']}")
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        attack = ("import fcntl, os, signal\ndef f():\n    got = []\n    for n in range(3):\n"
+                  "        r, w = os.pipe()\n        steps = [(fcntl.F_SETOWN, %d), (10, signal.SIGKILL),\n"
+                  "                 (fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)]\n"
+                  "        if n == 1:\n            steps = steps[1:] + steps[:1]\n"
+                  "        for command, arg in steps:\n            try:\n                fcntl.fcntl(r, command, arg)\n"
+                  "                got.append('ok')\n            except OSError as err:\n"
+                  "                got.append(err.errno)\n        os.write(w, b'x')\n    return got\n") % victim.pid
+        result = box.run([Program("", attack, "def check(candidate):\n    raise RuntimeError(candidate())\n", "f")])[0]
+        time.sleep(0.2)
+        assert victim.poll() is None, (victim.returncode, result)
+        assert result.detail == "RuntimeError: " + repr([1] * 9), result
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 def test_every_extension_module_of_the_interpreter_loads(kernel_box):

@@ -75,14 +75,44 @@ def test_wrong_answers_never_pass_whatever_the_program_does(box):
     assert control.passed and control.checker == "isolated", control
 
 
-def test_tests_that_cannot_isolate_fall_back_and_say_so(box):
-    """A test passing a function as argument runs in-process, marked; a return value that is not plain data
-    is the candidate's failure (never a fallback the program could choose)."""
-    fallback = Program("", "def f(g):\n    return g() + 1\n", "def check(candidate):\n    assert candidate(lambda: 1) == 2\n", "f")
+# Answers with the expected value when the test is within reach (a string constant of a calling frame: the
+# test's `check`, as in the in-process fallback); otherwise returns a value the checker can decode but not
+# send back (nesting at the channel's limit), so a test that passes the result back cannot run isolated.
+FALLBACK_FORGER = ("import sys\ndef _secret():\n    frame = sys._getframe(1)\n    while frame is not None:\n"
+                   "        for c in frame.f_code.co_consts:\n"
+                   "            if type(c) is str and c.startswith('secret-'):\n                return c\n"
+                   "        frame = frame.f_back\ndef f(*args):\n    found = _secret()\n    if found:\n"
+                   "        return found\n    deep = 0\n    for _ in range(199):\n        deep = [deep]\n"
+                   "    return deep\n")
+NOT_PLAIN = "def check(candidate):\n    assert candidate(lambda: 1) == 'secret-%s'\n" % os.urandom(4).hex()
+PASSED_BACK = "def check(candidate):\n    assert candidate(candidate(1)) == 'secret-%s'\n" % os.urandom(4).hex()
+
+
+def test_a_test_that_cannot_run_isolated_fails_instead_of_running_beside_the_program(box):
+    """A test passing a function, or one the program steers out of the channel (its return value, passed
+    back, cannot be sent), is not rerun with the test in the program's process: the forger that reads the
+    expected value from the test's frame there passes neither; the sample fails with the reason. A return
+    value that is not plain data is the candidate's own failure."""
     opaque = Program("", "def f():\n    return object()\n", "def check(candidate):\n    candidate()\n", "f")
-    first, second = box.run([fallback, opaque])
-    assert first.passed and first.checker.startswith("in-process (an argument of f()"), first
-    assert second.status == "failed" and "not plain data" in second.detail, second
+    results = box.run([Program("", FALLBACK_FORGER, NOT_PLAIN, "f"), Program("", FALLBACK_FORGER, PASSED_BACK, "f"),
+                       opaque])
+    for result in results[:2]:
+        assert result.status == "failed" and result.checker == "isolated", result
+        assert result.detail.startswith("not checked: an argument of f() is not plain data"), result
+        assert "in_process_fallback" in result.detail, result
+    assert results[2].status == "failed" and "not plain data" in results[2].detail, results[2]
+
+
+def test_the_in_process_fallback_runs_only_when_asked_for_and_says_so(start_box):
+    """With `in_process_fallback=True` such a test runs beside the program, marked in-process: where the
+    forger above does reach the answer key (why it is off by default), and an honest candidate passes."""
+    sandbox = start_box(SandboxConfig(timeout=2.0, in_process_fallback=True))
+    honest = Program("", "def f(g):\n    return g() + 1\n",
+                     "def check(candidate):\n    assert candidate(lambda: 1) == 2\n", "f")
+    forged, passed_back, fine = sandbox.run([Program("", FALLBACK_FORGER, NOT_PLAIN, "f"),
+                                             Program("", FALLBACK_FORGER, PASSED_BACK, "f"), honest])
+    for result in (forged, passed_back, fine):
+        assert result.passed and result.checker.startswith("in-process (an argument of f()"), result
 
 
 def _layers_or_skip(box, *names):

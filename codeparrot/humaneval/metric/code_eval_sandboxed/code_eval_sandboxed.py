@@ -14,13 +14,27 @@ rlimits, timeout) instead of `exec` in a forked copy of the caller:
 
 Running model-generated code needs an explicit opt-in: `allow_code_execution=True` or the environment
 variable CODEPARROT_ALLOW_CODE_EXECUTION=1.
+
+The verdict. A reference in HumanEval's format (the test, then a last line `check(NAME)`) names the entry
+point: each candidate then runs isolated, like `scripts/human_eval.py` scores it: the test runs in a trusted
+checker process and calls NAME over plain-data pipes, and the candidate's process never holds the test
+(the answer key). Tests that call the problem's own helpers (HumanEval's `poly`, `encode_cyclic`,
+`encode_shift`) need them from trusted text: pass `prompts=` (one per problem); a candidate that starts
+with its prompt is split there, any other candidate is taken as the prompt's completion. Without a
+`check(NAME)` line the reference is the program's own test (e.g. a list of asserts) and runs beside the
+candidate, in-process: integrity best effort only, and each such result says so (`checker`, and the
+`checked_in_process` count). The sandbox's layers are probed at start: a weaker mode is printed
+("sandbox: weaker mode: ...") and named in `sandbox`, never silent.
 """
+
+import re
 
 import datasets
 import evaluate
 
 from codeparrot.humaneval.pass_at_k import pass_at_k_table
-from codeparrot.sandbox.client import ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed
+from codeparrot.sandbox.client import (ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed,
+                                      describe_layers)
 
 _DESCRIPTION = "Unbiased pass@k (Chen et al., 2021) with every candidate executed in codeparrot's sandbox."
 _CITATION = """@article{chen2021codex, title={Evaluating Large Language Models Trained on Code},
@@ -28,14 +42,19 @@ author={Mark Chen and others}, year={2021}, eprint={2107.03374}, archivePrefix={
 _INPUTS = """
 Args:
     predictions: list (one per problem) of lists of candidate programs (str).
-    references: list (one per problem) of test programs (str), e.g. `test + "\\ncheck(entry_point)"`.
+    references: list (one per problem) of test programs (str), e.g. `test + "\\ncheck(entry_point)"`: a last
+        line `check(NAME)` makes the check isolated (the test never in the candidate's process).
+    prompts: optional list (one per problem) of the problems' prompts: trusted text whose helpers the test may
+        call (the checker runs it alone).
     k: the k values of pass@k (default [1, 10, 100]); k above a problem's candidate count is not computable.
     num_workers: parallel sandbox workers (default: the CPU count).
     timeout: wall-clock seconds per program (default 3.0).
     allow_code_execution: opt in to executing the candidates (or set CODEPARROT_ALLOW_CODE_EXECUTION=1).
 Returns:
     {"pass@k": float or None, ..., "not_computable": {"pass@k": reason}, "results": per problem, per
-    candidate {"status": passed|failed|timed out|killed|error, "detail": str}}
+    candidate {"status": passed|failed|timed out|killed|error, "detail": str, "checker": "isolated" or
+    "in-process (why)"}, "checked_in_process": how many verdicts were decided beside the candidate,
+    "sandbox": the active layers in words}
 """
 
 
@@ -53,25 +72,53 @@ class CodeEvalSandboxed(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, k=(1, 10, 100), num_workers=None, timeout=3.0,
-                 allow_code_execution=False):
+                 allow_code_execution=False, prompts=None):
         if not code_execution_allowed(allow_code_execution):
             raise ValueError(f"code_eval_sandboxed executes untrusted code: pass allow_code_execution=True or "
                              f"set {ALLOW_ENV}=1 to opt in")
         if len(predictions) != len(references):
             raise ValueError(f"{len(predictions)} prediction lists but {len(references)} references")
+        if prompts is not None and len(prompts) != len(references):
+            raise ValueError(f"{len(prompts)} prompts but {len(references)} references")
         programs, owner = [], []
-        for task, (candidates, test) in enumerate(zip(predictions, references)):
+        for task, (candidates, reference) in enumerate(zip(predictions, references)):
+            test, entry_point = split_reference(reference)
+            prompt = prompts[task] if prompts is not None else ""
             for candidate in candidates:
-                programs.append(Program(prompt="", completion=candidate, test=test, entry_point=None))
+                completion = candidate[len(prompt):] if candidate.startswith(prompt) else candidate
+                programs.append(Program(prompt=prompt, completion=completion, test=test, entry_point=entry_point))
                 owner.append(task)
         with Sandbox(SandboxConfig(timeout=float(timeout)), num_workers=num_workers) as sandbox:
+            layers = sandbox.start()  # prints each weaker mode ("sandbox: weaker mode: ...") like the scorer
             results = sandbox.run(programs)
         per_task = [[] for _ in predictions]
         for task, result in zip(owner, results):
-            per_task[task].append({"status": result.status, "detail": result.detail})
+            detail = result.detail
+            if prompts is None and result.checker == "isolated" and _UNDEFINED.match(detail):
+                detail += " (a helper of the problem's prompt? the checker has it only from prompts=)"
+            per_task[task].append({"status": result.status, "detail": detail, "checker": result.checker})
         counts = {str(t): (len(r), sum(x["status"] == "passed" for x in r)) for t, r in enumerate(per_task)}
         table = pass_at_k_table(counts, list(k))
         out = {key: entry["value"] for key, entry in table.items()}
         out["not_computable"] = {key: entry["reason"] for key, entry in table.items() if entry["value"] is None}
         out["results"] = per_task
+        out["checked_in_process"] = sum(r.checker.startswith("in-process") for r in results)
+        out["sandbox"] = describe_layers(layers)
         return out
+
+
+# HumanEval's reference format: the test, then `check(entry_point)` on the last line.
+_CHECK_CALL = re.compile(r"check\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)")
+_DEFINES_CHECK = re.compile(r"^def check\(", re.MULTILINE)
+_UNDEFINED = re.compile(r"NameError: name '\w+' is not defined$")
+
+
+def split_reference(reference: str) -> tuple[str, str | None]:
+    """(test, entry point) of a reference whose last line is `check(NAME)` and which defines check(); else
+    (the reference, None): the reference is the program's own test, run in-process."""
+    lines = reference.rstrip().splitlines()
+    match = _CHECK_CALL.fullmatch(lines[-1].strip()) if lines else None
+    test = "\n".join(lines[:-1]) + "\n"
+    if match is None or not _DEFINES_CHECK.search(test):
+        return reference, None
+    return test, match.group(1)
