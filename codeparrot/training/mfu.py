@@ -150,6 +150,21 @@ def _measure_matmul(dtype: torch.dtype, size: int, seconds: float, repeats: int 
     return best, cpu / (wall * torch.get_num_threads())
 
 
+def _matmul_sizes(dtype: torch.dtype, budget: float = 0.25) -> list[int]:
+    """The square sizes to measure at: 1024 and 2048 where one matmul of that size takes at most `budget`
+    seconds at the rate a 512² probe shows (best of 3), else 512. A CPU without native bf16/fp16 instructions
+    emulates them orders of magnitude slower than fp32: 2048² there took minutes per matmul."""
+    a = torch.ones(512, 512, dtype=dtype)
+    out = torch.empty(512, 512, dtype=dtype)
+    fastest = float("inf")
+    for _ in range(4):  # the first call pays the kernel's set-up
+        start = time.perf_counter()
+        torch.matmul(a, a, out=out)
+        fastest = min(fastest, time.perf_counter() - start)
+    rate = 2.0 * 512**3 / max(fastest, 1e-9)  # FLOP/s
+    return [size for size in (1024, 2048) if 2.0 * size**3 / rate <= budget] or [512]
+
+
 def machine_busy(cpu_share: float) -> str | None:
     """Why a peak measured now would be too low (None when the machine looks idle): this process's threads got
     less than 80% of their CPU time, or the 1-minute load average exceeds the cores left to us."""
@@ -191,7 +206,7 @@ def measure_cpu_peak(dtype: str = "float32", refresh: bool = False) -> CpuPeak:
     if key in cache and not refresh:
         return CpuPeak(float(cache[key]), threads, cached=True)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    runs = [_measure_matmul(torch_dtype, size, seconds=0.6) for size in (1024, 2048)]
+    runs = [_measure_matmul(torch_dtype, size, seconds=0.6) for size in _matmul_sizes(torch_dtype)]
     value = max(flops for flops, _ in runs)
     busy = machine_busy(min(share for _, share in runs))
     best = max(value, float(cache.get(key, 0.0)))

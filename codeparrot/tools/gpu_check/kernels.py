@@ -58,10 +58,14 @@ def device_stage(device: torch.device, shapes: Shapes) -> dict:
     import accelerate
     import transformers
 
-    peak, source = peak_flops(device, torch.bfloat16)
+    # the dtype the training-step stage runs in: bf16 on a GPU, fp32 on a CPU (--smoke), whose bf16 matmuls may be
+    # emulated so slowly that measuring their peak alone takes minutes
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    peak, source = peak_flops(device, dtype)
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-            "device": str(device), "peak_tflops_bf16": None if peak is None else peak / 1e12, "peak_source": source,
+            "device": str(device), "peak_dtype": str(dtype).removeprefix("torch."),
+            "peak_tflops": None if peak is None else peak / 1e12, "peak_source": source,
             "mfu_convention": MFU_CONVENTION, "model_preset": shapes.model_preset.name}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
