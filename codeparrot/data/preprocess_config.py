@@ -106,7 +106,9 @@ class PreprocessConfig:
                                  "Ray's own blocking); the output is identical for every value", cli=False)
     stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "
                                "input that stopped answering, a hung worker), the stacks of every thread go to "
-                               "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off")
+                               "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off. The local engine's reading "
+                               "and filtering pass only: --engine ray relies on Ray's task retries for dead workers "
+                               "and does not detect a task that hangs")
     given: tuple[str, ...] = doc((), "the fields set on the command line (scripts/preprocess.py fills it): "
                                  "--recipe never overrides them, even when given their default value", cli=False)
     chunk_files: int = doc(64, "a worker task closes at this many files ...", cli=False)

@@ -49,3 +49,16 @@ def test_unknown_stage_is_a_one_line_error(repo_root, scripts_env):
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "error: --stages: unknown stage 'warp' (known: device, ceilings, attention, loss, train_step, profile, "
         "end_to_end)"]
+
+
+def test_end_to_end_runs_are_killed_when_the_stage_budget_is_spent(tmp_path):
+    import time
+
+    from codeparrot.tools.gpu_check.end_to_end import run_logged
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="stage time budget spent: train killed"):
+        run_logged([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "train.log", start + 2)
+    assert time.monotonic() - start < 30
+    with pytest.raises(RuntimeError, match="budget spent before resume started"):
+        run_logged([sys.executable, "-c", "pass"], tmp_path / "resume.log", time.monotonic() - 1)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codeparrot.data import distributed_clustering as dc
 from codeparrot.data.cluster_report import clusters_report, member_entry, near_duplicates_to_drop
 from codeparrot.data.exact_dedup import first_ids
 from codeparrot.data.lsh import find_clusters
@@ -32,12 +33,30 @@ class _Cfg:  # the settings `clusters_report` copies into the file
     jaccard_threshold, num_perm, shingle_size, near_dedup_keep = 0.85, 256, 5, "most-copies"
 
 
-def _driver_peak(n: int, folder: Path) -> tuple[int, float]:
-    """(tracemalloc peak bytes, seconds) of the driver's steps for n valid records."""
+CLUSTERED = 0.13  # --ray-clustering distributed: share of kept files in clusters (CodeParrot's 2.7M of 20M)
+CLUSTER_SIZE = 4
+
+
+def _synthetic_stars(kept_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """What `ray_clustering.distributed_clusters` hands the driver: one (file, smallest id of its cluster) edge
+    per clustered non-root file, for CLUSTERED of the kept files in clusters of CLUSTER_SIZE."""
+    chosen = kept_ids[rng.random(len(kept_ids)) < CLUSTERED]
+    chosen = chosen[rng.permutation(len(chosen))][: len(chosen) // CLUSTER_SIZE * CLUSTER_SIZE]
+    groups = np.sort(chosen.reshape(-1, CLUSTER_SIZE), axis=1)
+    stars = np.zeros(groups.shape[0] * (CLUSTER_SIZE - 1), dc.EDGE)
+    stars["u"], stars["v"] = groups[:, 1:].reshape(-1), np.repeat(groups[:, 0], CLUSTER_SIZE - 1)
+    return stars
+
+
+def _driver_peak(n: int, folder: Path, clustering: str = "driver") -> tuple[int, float]:
+    """(tracemalloc peak bytes, seconds) of the driver's steps for n valid records; `clustering` as
+    `--ray-clustering` (distributed: no signatures nor LSH index on the driver, only the clusters' edges)."""
     from codeparrot.data.ray_engine import _concat_sorted, _valid_split
 
     rng = np.random.default_rng(n)
-    sig_rows = synthetic_signatures(n, giant=1000)  # built before the measurement (>= the survivors)
+    # built before the measurement (>= the survivors)
+    sig_rows = synthetic_signatures(n, giant=1000) if clustering == "driver" else None
+    stars = _synthetic_stars(np.arange(n, dtype=np.int64), rng) if clustering != "driver" else None
     tracemalloc.start()
     start = time.perf_counter()
     try:
@@ -58,12 +77,22 @@ def _driver_peak(n: int, folder: Path) -> tuple[int, float]:
         kept = _concat_sorted(parts)
         del parts
         m = len(kept["id"])
-        sigs = np.lib.format.open_memmap(folder / f"sig-{n}.npy", mode="w+", dtype=np.uint32, shape=(m, 256))
-        for i in range(0, m, BLOCK):  # one block's signatures on the driver at a time
-            sigs[i:i + BLOCK] = sig_rows[i:min(i + BLOCK, m)]
-        sigs.flush()
-        del sig_rows  # the benchmark's copy, not the driver's
-        clusters = find_clusters(sigs, 0.85, kept["has_sig"])
+        sigs = None
+        if clustering == "driver":
+            sigs = np.lib.format.open_memmap(folder / f"sig-{n}.npy", mode="w+", dtype=np.uint32, shape=(m, 256))
+            for i in range(0, m, BLOCK):  # one block's signatures on the driver at a time
+                sigs[i:i + BLOCK] = sig_rows[i:min(i + BLOCK, m)]
+            sigs.flush()
+            del sig_rows  # the benchmark's copy, not the driver's
+            clusters = find_clusters(sigs, 0.85, kept["has_sig"])
+        else:  # the edges the tasks send: those between kept files (16 bytes each, received by the driver)
+            pos_u, pos_v = np.searchsorted(kept["id"], stars["u"]), np.searchsorted(kept["id"], stars["v"])
+            found = (kept["id"][np.minimum(pos_u, m - 1)] == stars["u"]) & (
+                kept["id"][np.minimum(pos_v, m - 1)] == stars["v"])
+            del pos_u, pos_v
+            stars = stars[found]
+            clusters = dc.clusters_from_stars(stars, kept["id"])
+            del stars, found
         drop = near_duplicates_to_drop(clusters, m, kept["copies"], _Cfg.near_dedup_keep)
         # duplicate_clusters.json: one entry per clustered file (its repo_name and path, as a task returns them)
         rows = np.sort(np.concatenate(clusters)) if clusters else np.zeros(0, np.int64)
@@ -80,27 +109,44 @@ def _driver_peak(n: int, folder: Path) -> tuple[int, float]:
         tracemalloc.stop()
 
 
-def driver_bytes_per_file(small: int, large: int) -> tuple[float, float, float]:
+def driver_bytes_per_file(small: int, large: int, clustering: str = "driver") -> tuple[float, float, float]:
     """(bytes per file, seconds per file, peak bytes at `large`): slope of the driver's peak between the two sizes."""
     with tempfile.TemporaryDirectory(prefix="codeparrot-bench-driver-") as tmp:
-        low, _ = _driver_peak(small, Path(tmp))
-        high, seconds = _driver_peak(large, Path(tmp))
+        low, _ = _driver_peak(small, Path(tmp), clustering)
+        high, seconds = _driver_peak(large, Path(tmp), clustering)
     return (high - low) / (large - small), seconds / large, high
 
 
 def rows(quick: bool = False) -> list[BenchRow]:
     small, large = (50_000, 200_000) if quick else (250_000, 1_000_000)
-    per_file, seconds, peak = driver_bytes_per_file(small, large)
-    note = (f"tracemalloc peak slope {small:,}->{large:,} synthetic files ({DUPLICATES:.0%} exact duplicates, the "
-            f"rest kept and clustered); peak {peak / 2**20:,.0f} MiB at {large:,}; 20M files ~ "
-            f"{per_file * 20e6 / 2**30:.1f} GiB, plus 1 KiB/survivor of memory-mapped signatures on the driver's "
-            f"disk; {seconds * 1e6:.1f} us/file on the driver")
-    return [BenchRow("preprocess --engine ray: driver memory per input file", "bytes/file", per_file, per_file,
-                     per_file, 1, note)]
+    out = []
+    for clustering in ("driver", "distributed"):
+        per_file, seconds, peak = driver_bytes_per_file(small, large, clustering)
+        what = ("the rest kept and clustered on the driver" if clustering == "driver" else
+                f"the rest kept, {CLUSTERED:.0%} of them in clusters of {CLUSTER_SIZE} found by Ray tasks")
+        disk = (", plus 1 KiB/survivor of memory-mapped signatures on the driver's disk" if clustering == "driver"
+                else ", nothing on its disk")
+        note = (f"tracemalloc peak slope {small:,}->{large:,} synthetic files ({DUPLICATES:.0%} exact duplicates, "
+                f"{what}); peak {peak / 2**20:,.0f} MiB at {large:,}; 20M files ~ {per_file * 20e6 / 2**30:.1f} GiB"
+                f"{disk}; {seconds * 1e6:.1f} us/file on the driver")
+        out.append(BenchRow(f"preprocess --engine ray: driver memory per input file, --ray-clustering {clustering}",
+                            "bytes/file", per_file, per_file, per_file, 1, note))
+    return out
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    for row in rows(quick="--quick" in sys.argv):
-        print(row)
+    parser = argparse.ArgumentParser(description="the Ray engine's driver memory on synthetic numbers")
+    parser.add_argument("--quick", action="store_true", help="the smaller sizes of make bench's smoke test")
+    parser.add_argument("--files", type=int, help="instead: one run at this many files, --ray-clustering distributed "
+                        "(e.g. 20000000: the driver's peak at CodeParrot's scale)")
+    args = parser.parse_args()
+    if args.files:
+        with tempfile.TemporaryDirectory(prefix="codeparrot-bench-driver-") as tmp:
+            peak, seconds = _driver_peak(args.files, Path(tmp), "distributed")
+        print(f"{args.files:,} files, --ray-clustering distributed: driver peak {peak / 2**30:.2f} GiB "
+              f"(tracemalloc), {seconds:.0f} s on the driver")
+    else:
+        for row in rows(quick=args.quick):
+            print(row)

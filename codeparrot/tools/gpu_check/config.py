@@ -27,7 +27,7 @@ class GpuCheckConfig:
     steps: int = doc(20, "timed training steps per variant (after the warm-up steps)")
     warmup_steps: int = doc(5, "untimed steps per variant first (compilation, allocator, cuDNN autotuning)")
     stage_minutes: float = doc(8.0, "time budget of one stage: variants still to run when it is spent are "
-                                    "recorded as skipped, never estimated")
+                                    "recorded as skipped, never estimated; the end-to-end runs are killed when it is spent")
     variants: list[str] = doc([], "run only the training-step variants whose name contains one of these words "
                                   "(default: all)", nargs="*", metavar="WORD")
 

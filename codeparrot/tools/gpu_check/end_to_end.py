@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from statistics import median
 
@@ -53,10 +54,17 @@ def train_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, cuda
             "--batch.gradient_accumulation_steps", "1", "--batch.num_processes", "1"]
 
 
-def run_logged(command: list[str], log: Path) -> None:
+def run_logged(command: list[str], log: Path, deadline: float) -> None:
+    """Run `command` into `log`; killed at `deadline` (time.monotonic()): a stage never outlives its budget."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RuntimeError(f"stage time budget spent before {log.stem} started")
     with open(log, "w", encoding="utf-8") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=1200)
+        try:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=left)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"stage time budget spent: {log.stem} killed after {left:.0f} s (log: {log})") from None
     if done.returncode != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
         raise RuntimeError(f"train.py exited {done.returncode}: {' | '.join(tail)} (log: {log})")
@@ -67,15 +75,17 @@ def logged_losses(run_dir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows if "loss" in row}
 
 
-def end_to_end_stage(root: Path, shapes: Shapes) -> dict:
+def end_to_end_stage(root: Path, shapes: Shapes, deadline: float | None = None) -> dict:
+    """`deadline`: time.monotonic() by which both runs must be done (default: 20 minutes from now)."""
+    deadline = time.monotonic() + 1200 if deadline is None else deadline
     model, tokens = prepare(root, shapes)
     run_dir = root / "run"
     command = train_command(shapes, model, tokens, run_dir, torch.cuda.is_available())
-    run_logged(command, root / "train.log")
+    run_logged(command, root / "train.log", deadline)
     first = logged_losses(run_dir)
     shutil.rmtree(run_dir / "checkpoints" / f"step-{STEPS}")
     shutil.rmtree(run_dir / "final")
-    run_logged([*command, "--resume", "auto"], root / "resume.log")
+    run_logged([*command, "--resume", "auto"], root / "resume.log", deadline)
     resumed = logged_losses(run_dir)
     resume_log = (root / "resume.log").read_text(encoding="utf-8", errors="replace")
     later = [row for step, row in sorted(first.items()) if step > LOG_EVERY]  # the first window holds start-up

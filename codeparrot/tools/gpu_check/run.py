@@ -59,7 +59,8 @@ def run_gpu_check(cfg: GpuCheckConfig) -> dict:
                 result = profile_stage(shapes, device, cfg)
             else:
                 with tempfile.TemporaryDirectory(prefix="gpu_check_e2e_") as tmp:
-                    result = end_to_end_stage(Path(tmp), shapes)
+                    deadline = time.monotonic() + 60 * cfg.stage_minutes - (time.perf_counter() - start)
+                    result = end_to_end_stage(Path(tmp), shapes, deadline)
             results["stages"][stage] = {"result": result, "seconds": time.perf_counter() - start}
         except Exception as err:  # noqa: BLE001 - one stage's failure must not lose the others' figures
             results["stages"][stage] = {"error": short_error(err), "seconds": time.perf_counter() - start}
