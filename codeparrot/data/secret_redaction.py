@@ -18,9 +18,10 @@ What is replaced, and by what (each kind is counted in stats.json's `redacted`; 
   "2.7.2.2", or inside a longer dotted run or identifier) is not an address.
 Only the secret part is replaced, inside its string literal, so redacted code still parses.
 
-Why hand-written patterns and not detect-secrets (measured by codeparrot/tools/benchmarks/secrets_eval.py on a
-labelled sample of planted secrets and look-alikes in real stdlib code; figures in the README): detect-secrets'
-line-by-line scan with all its plugins costs over 20x more per file, its entropy plugins flag hashes in tests and
+Why hand-written patterns and not detect-secrets (measured by codeparrot/tools/benchmarks/data_stages.py on a
+labelled sample of planted secrets and look-alikes in real stdlib code, `codeparrot.tools.secret_sample`; figures
+in the README): detect-secrets' line-by-line scan with all its plugins costs tens of times more per file and
+misses kinds of secret that ours finds, its entropy plugins flag hashes in tests and
 long identifiers, and it does not cover emails, private IPs vs public ones or Hugging Face tokens. The formats above
 follow the same vendors' documented prefixes its plugins use.
 

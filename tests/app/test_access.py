@@ -82,3 +82,40 @@ def test_the_script_refuses_a_public_bind_without_a_login(repo_root, scripts_env
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --host 0.0.0.0 exposes the app"), done.stderr
+
+
+def test_with_a_login_no_api_call_runs_without_it(app_repo):
+    """/promote rewrites `main`: with --auth, a plain API call (no session cookie) is refused before any handler
+    runs, and the repository does not move; the same call with the login goes through."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from gradio_client import Client
+
+    from codeparrot.app.server import start
+    from codeparrot.app.workspace import Workspace
+    from codeparrot.repository.refs import open_repository
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = open_repository(app_repo["ref"])
+    before = repo.resolve_revision("main")
+    demo, url = start(Workspace(app_repo["ref"], revision="exp"), "127.0.0.1", port, auth=[("ada", "s3cret")])
+    try:
+        body = json.dumps({"data": ["exp", "latest", True]}).encode()
+        for path, data in (("config", None), ("gradio_api/info", None), ("gradio_api/call/promote", body)):
+            request = urllib.request.Request(url.rstrip("/") + "/" + path, data=data,
+                                             headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code in (401, 403), path
+        with pytest.raises(Exception):  # noqa: B017 - gradio_client's own error type for a refused login
+            Client(url, verbose=False, download_files=False)
+        assert repo.resolve_revision("main") == before
+        client = Client(url, auth=("ada", "s3cret"), verbose=False, download_files=False)
+        status, _ = client.predict("exp", "latest", False, api_name="/promote")  # unconfirmed: nothing moves
+        assert status.startswith("error: not promoted") and repo.resolve_revision("main") == before
+    finally:
+        demo.close()
