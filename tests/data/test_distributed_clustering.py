@@ -114,3 +114,12 @@ def test_star_rounds_agree_with_a_union_find(partitions):
 
 def test_no_edges_no_clusters():
     assert dc.clusters_from_stars(dc.components(np.zeros(0, dc.EDGE), 4), np.arange(5)) == []
+
+
+def test_distributed_clustering_needs_the_ray_engine():
+    from codeparrot.data.preprocess_config import PreprocessConfig
+    from codeparrot.errors import CodeParrotError
+
+    with pytest.raises(CodeParrotError, match="--ray-clustering distributed needs --engine ray"):
+        PreprocessConfig(inputs=["in"], output_dir="out", ray_clustering="distributed").validate()
+    PreprocessConfig(inputs=["in"], output_dir="out", engine="ray", ray_clustering="distributed").validate()
