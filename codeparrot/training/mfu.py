@@ -150,9 +150,12 @@ def _measure_matmul(dtype: torch.dtype, size: int, seconds: float, repeats: int 
     return best, cpu / (wall * torch.get_num_threads())
 
 
-def _matmul_sizes(dtype: torch.dtype, budget: float = 0.25) -> list[int]:
-    """The square sizes to measure at: 1024 and 2048 where one matmul of that size takes at most `budget`
-    seconds at the rate a 512² probe shows (best of 3), else 512. A CPU without native bf16/fp16 instructions
+def _matmul_sizes(dtype: torch.dtype, budget: float = 1.0) -> list[int]:
+    """The square sizes to measure at: 512, plus 1024 and 2048 where one matmul of that size takes at most
+    `budget` seconds at the rate a 512² probe shows (best of 3). The budget is generous: fp32 keeps every size on
+    any CPU of the last decade, even at one thread. The peak is the best of them: on some CPUs (AMD EPYC here)
+    cache-resident 512² matmuls run ~5% faster than the large ones, and a training step's smaller matmuls must
+    not read above 100% MFU. A CPU without native bf16/fp16 instructions
     emulates them orders of magnitude slower than fp32: 2048² there took minutes per matmul."""
     a = torch.ones(512, 512, dtype=dtype)
     out = torch.empty(512, 512, dtype=dtype)
@@ -162,7 +165,7 @@ def _matmul_sizes(dtype: torch.dtype, budget: float = 0.25) -> list[int]:
         torch.matmul(a, a, out=out)
         fastest = min(fastest, time.perf_counter() - start)
     rate = 2.0 * 512**3 / max(fastest, 1e-9)  # FLOP/s
-    return [size for size in (1024, 2048) if 2.0 * size**3 / rate <= budget] or [512]
+    return [512] + [size for size in (1024, 2048) if 2.0 * size**3 / rate <= budget]
 
 
 def machine_busy(cpu_share: float) -> str | None:
@@ -194,7 +197,7 @@ def measure_cpu_peak(dtype: str = "float32", refresh: bool = False) -> CpuPeak:
     """Matmul FLOP/s of this CPU for `dtype` ("float32", "bfloat16") at torch's current thread count: the one
     the training process runs with (`accelerate launch --num_cpu_threads_per_process`, OMP_NUM_THREADS).
 
-    Best of 5 rounds at each of two sizes (about 2 s). Cached per CPU model, thread count, torch version and dtype,
+    Best of 5 rounds at each of up to three sizes (about 2 s). Cached per CPU model, thread count, torch version and dtype,
     keeping the best figure ever seen (a busy machine only ever measures too low); a figure measured while the
     machine looks busy (`machine_busy`) is used for this run but not cached."""
     threads = torch.get_num_threads()

@@ -122,7 +122,7 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     # a plausible rate for a matmul on any CPU of the last decade: 1 GFLOP/s .. 100 TFLOP/s
     assert 1e9 < first < 1e14
     measured = len(calls)
-    assert 1 <= measured <= 2 and cache.is_file()
+    assert 1 <= measured <= 3 and cache.is_file()
     assert mfu_mod.cpu_matmul_peak("float32") == first and len(calls) == measured  # cached: not measured again
     (key,) = json.loads(cache.read_text())
     assert "float32" in key and f"threads={torch.get_num_threads()}" in key
@@ -136,7 +136,7 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 def test_peak_sizes_shrink_for_a_dtype_the_cpu_emulates_slowly():
     """A CPU without native bf16 ran one 2048² bf16 matmul for seconds (the smoke check spent 9 minutes on its
     peak): sizes whose one matmul would exceed the budget at the probed rate are left out."""
-    assert mfu_mod._matmul_sizes(torch.float32, budget=1e6) == [1024, 2048]
+    assert mfu_mod._matmul_sizes(torch.float32, budget=1e6) == [512, 1024, 2048]
     assert mfu_mod._matmul_sizes(torch.float32, budget=1e-9) == [512]
     start = time.perf_counter()
     sizes = mfu_mod._matmul_sizes(torch.bfloat16)
