@@ -14,7 +14,7 @@ reduced in three steps, none of which needs all files in one place:
    per clustered file and partition.
 3. Connected components of those edges in rounds (`large_star` / `small_star`, Kiveris et al. 2014, as BigCode's
    Spark near-dedup): each round is a shuffle by node; every rule moves an edge towards the smallest id of its
-   component, so the rounds end with each component as a star around its smallest id (`is_star_forest`).
+   component, so the rounds end with each component as a star around its smallest id (`large_star` says when).
 
 The components are those of `find_clusters`, so clusters, kept files and shards are byte-identical; the only
 exception is an LSH bucket so large that `lsh._link_large_bucket` stops at its comparison budget (a warning is
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codeparrot.data.lsh import band_keys, link_buckets
+from codeparrot.data.lsh import band_keys, component_roots, link_buckets
 
 EDGE = np.dtype([("u", np.int64), ("v", np.int64)])  # one undirected edge, or (node, neighbour) in a star round
 BUCKET_ROW = np.dtype([("bucket", np.uint64), ("id", np.int64)])
@@ -84,12 +84,7 @@ def link_partition(members: np.ndarray, starts: np.ndarray, member_ids: np.ndarr
     positions = np.searchsorted(member_ids, members)  # ascending ids -> ascending positions
     parent = np.arange(len(member_ids), dtype=np.int64)
     link_buckets(signatures, parent, positions, starts, need)
-    roots = parent.copy()
-    while True:  # pointer chasing to the root (the smallest position of the component)
-        up = roots[roots]
-        if np.array_equal(up, roots):
-            break
-        roots = up
+    roots = component_roots(parent, np.arange(len(parent)))  # the smallest position of each component
     joined = np.flatnonzero(roots != np.arange(len(roots)))
     edges = np.zeros(len(joined), EDGE)
     edges["u"], edges["v"] = member_ids[joined], member_ids[roots[joined]]
@@ -123,25 +118,18 @@ def _neighbourhoods(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return pairs, starts, np.repeat(pairs["v"][starts], sizes)  # sorted by v inside a node: first = min
 
 
-def is_star_forest(pairs: np.ndarray) -> bool:
-    """On `large_star`'s input (both directions, by node): every node is a centre (no smaller neighbour) or a
-    leaf (exactly one neighbour, smaller): the components are stars around their smallest id."""
-    pairs, starts, smallest = _neighbourhoods(pairs)
-    if not len(pairs):
-        return True
-    sizes = np.diff(np.r_[starts, len(pairs)])
-    has_smaller = smallest[starts] < pairs["u"][starts]
-    return bool(np.all(~has_smaller | (sizes == 1)))
-
-
-def large_star(pairs: np.ndarray) -> np.ndarray:
+def large_star(pairs: np.ndarray) -> tuple[np.ndarray, bool]:
     """One node partition of a large-star step: every neighbour larger than the node is linked to the smallest
-    of the node's closed neighbourhood. In: (node, neighbour) both directions; out: undirected EDGE rows."""
-    pairs, _, smallest = _neighbourhoods(pairs)
+    of the node's closed neighbourhood. In: (node, neighbour) both directions; out: undirected EDGE rows, and
+    whether the input already was stars around their smallest ids (every node a centre, with no smaller
+    neighbour, or a leaf, with exactly one neighbour, smaller): then the output is the same stars."""
+    pairs, starts, smallest = _neighbourhoods(pairs)
+    sizes = np.diff(np.r_[starts, len(pairs)])
+    is_star = bool(np.all((smallest[starts] > pairs["u"][starts]) | (sizes == 1)))
     larger = pairs["v"] > pairs["u"]
     out = np.zeros(int(larger.sum()), EDGE)
     out["u"], out["v"] = pairs["v"][larger], np.minimum(smallest[larger], pairs["u"][larger])
-    return out
+    return out, is_star
 
 
 def small_star(pairs: np.ndarray) -> np.ndarray:
@@ -159,9 +147,10 @@ def components(edges: np.ndarray, partitions: int = 1, max_rounds: int = 200) ->
     `ray_clustering` runs with one task per partition): EDGE rows (node, smallest id of its component)."""
     parts = by_both_ends(edges, partitions)
     for _ in range(max_rounds):
-        if all(is_star_forest(p) for p in parts):
-            return np.concatenate([large_star(p) for p in parts] or [np.zeros(0, EDGE)])
-        larger = [by_larger_end(large_star(p), partitions) for p in parts]
+        stepped = [large_star(p) for p in parts]
+        if all(is_star for _, is_star in stepped):
+            return np.concatenate([out for out, _ in stepped] or [np.zeros(0, EDGE)])
+        larger = [by_larger_end(out, partitions) for out, _ in stepped]
         smaller = [small_star(np.concatenate([row[k] for row in larger])) for k in range(partitions)]
         parts = [np.concatenate(x) for x in zip(*(by_both_ends(s, partitions) for s in smaller))]
     raise RuntimeError(f"connected components did not converge in {max_rounds} rounds")

@@ -119,7 +119,7 @@ def band_keys(signatures: np.ndarray, valid_rows: np.ndarray, bands: int, rows: 
     return keys
 
 
-def _roots(parent: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+def component_roots(parent: np.ndarray, nodes: np.ndarray) -> np.ndarray:
     """Union-find roots of `nodes` (vectorized pointer chasing)."""
     r = parent[nodes]
     while True:
@@ -133,7 +133,7 @@ def _union(parent: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
     """Join the components of every edge (u[i], v[i]). Roots hook to the smaller root, so a component's root
     is always its smallest member; each round every remaining edge hooks its larger root, so it ends."""
     while len(u):
-        ru, rv = _roots(parent, u), _roots(parent, v)
+        ru, rv = component_roots(parent, u), component_roots(parent, v)
         cross = ru != rv
         u, v = np.minimum(ru[cross], rv[cross]), np.maximum(ru[cross], rv[cross])
         np.minimum.at(parent, v, u)
@@ -141,7 +141,7 @@ def _union(parent: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
 
 def _verify_and_join(signatures: np.ndarray, parent: np.ndarray, u: np.ndarray, v: np.ndarray, need: int) -> None:
     """Join the pairs (u[i], v[i]) that are not joined yet and have at least `need` equal slots."""
-    pending = _roots(parent, u) != _roots(parent, v)
+    pending = component_roots(parent, u) != component_roots(parent, v)
     u, v = u[pending], v[pending]
     ok = np.zeros(len(u), dtype=bool)
     for lo in range(0, len(u), _PAIRS_PER_CHUNK):
@@ -153,7 +153,7 @@ def _verify_and_join(signatures: np.ndarray, parent: np.ndarray, u: np.ndarray, 
 
 def _split_buckets(parent: np.ndarray, members: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """bool per bucket (`members[starts[g]:starts[g+1]]`, all buckets): members in more than one component."""
-    roots = _roots(parent, members)
+    roots = component_roots(parent, members)
     return np.minimum.reduceat(roots, starts) != np.maximum.reduceat(roots, starts)
 
 
@@ -184,7 +184,7 @@ def _link_large_bucket(signatures: np.ndarray, parent: np.ndarray, members: np.n
     of members at a time: O(k x leaders). It can only miss edges between two non-leaders of different
     components, so if the bucket is still split afterwards, its cross-component pairs are verified
     exhaustively (work = cross pairs, within `_LARGE_BUCKET_PAIR_BUDGET`): the result is exact."""
-    roots = _roots(parent, members)
+    roots = component_roots(parent, members)
     if (roots == roots[0]).all():  # joined meanwhile by another bucket of this band
         return
     sig = np.asarray(signatures[members])  # [k, P]
@@ -218,7 +218,7 @@ def _link_large_bucket(signatures: np.ndarray, parent: np.ndarray, members: np.n
                 leaders.append(pos)
         lo = hi
     _union(local, np.concatenate(edges_u + [np.zeros(0, np.intp)]), np.concatenate(edges_v + [np.zeros(0, np.intp)]))
-    comp = _roots(local, np.arange(k))
+    comp = component_roots(local, np.arange(k))
     members = members[:k]
     labels = np.unique(comp)
     if len(labels) > 1 and not truncated:
@@ -324,7 +324,7 @@ def link_buckets(signatures: np.ndarray, parent: np.ndarray, members: np.ndarray
 
 def _components(parent: np.ndarray, valid: np.ndarray) -> list[np.ndarray]:
     """Components of size >= 2 as ascending row arrays, ordered by first member (= the root)."""
-    labels = _roots(parent, np.arange(len(parent), dtype=parent.dtype))
+    labels = component_roots(parent, np.arange(len(parent), dtype=parent.dtype))
     sizes = np.bincount(labels, minlength=len(parent))
     rows = np.flatnonzero((sizes[labels] >= 2) & valid)
     rows = rows[np.argsort(labels[rows], kind="stable")]

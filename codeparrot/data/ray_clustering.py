@@ -14,46 +14,30 @@ The driver itself keeps only the object references; each round is a task per par
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import numpy as np
 
 from codeparrot.data import distributed_clustering as dc
 from codeparrot.data.lsh import banding
+from codeparrot.data.ray_blocks import kept_rows, ray_task, rows_with_ids, signature_matrix
 from codeparrot.errors import CodeParrotError
 
 logger = logging.getLogger("codeparrot.data.near_dedup")
 _MAX_ROUNDS = 200  # large-star/small-star needs O(log^2 n) rounds; far more means a bug, not a big corpus
 
 
-@functools.cache
-def _task(fn, num_returns: int = 1):
-    import ray
-
-    return ray.remote(num_cpus=1, num_returns=num_returns)(fn)
-
-
 def _block_band_keys(block, bands: int, rows: int, num_perm: int, partitions: int):
     """Step 1 on one block of filter/MinHash results: the band keys of its kept files with a signature."""
-    import pyarrow.compute as pc
-
-    mine = np.asarray(block["reason"].to_numpy(zero_copy_only=False)) == ""
-    mine &= block["has_sig"].to_numpy(zero_copy_only=False)
-    block = block.filter(mine)
-    sigs = pc.list_flatten(block["sig"]).to_numpy().reshape(len(block), num_perm)
-    parts = dc.band_key_parts(block["id"].to_numpy(), sigs, bands, rows, partitions)
+    block = kept_rows(block, with_signature=True)
+    parts = dc.band_key_parts(block["id"].to_numpy(), signature_matrix(block, num_perm), bands, rows, partitions)
     return tuple(parts) if partitions > 1 else parts[0]
 
 
 def _signatures_of(block, ids: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids found, their signatures) of the sorted `ids` held by one block."""
-    import pyarrow.compute as pc
-
-    found = block["id"].to_numpy()
-    pos = np.minimum(np.searchsorted(ids, found), max(len(ids) - 1, 0))
-    block = block.filter(ids[pos] == found) if len(ids) else block.slice(0, 0)
-    return block["id"].to_numpy(), pc.list_flatten(block["sig"]).to_numpy().reshape(len(block), num_perm)
+    block = rows_with_ids(block, ids)
+    return block["id"].to_numpy(), signature_matrix(block, num_perm)
 
 
 def _link(blocks_box: list, ranges: list[tuple[int, int]], num_perm: int, need: int, *parts):
@@ -67,16 +51,14 @@ def _link(blocks_box: list, ranges: list[tuple[int, int]], num_perm: int, need: 
     if len(member_ids):
         wanted = [(block, member_ids[(member_ids >= lo) & (member_ids <= hi)])
                   for block, (lo, hi) in zip(blocks_box[0], ranges)]
-        for found, found_sigs in ray.get([_task(_signatures_of).remote(block, ids, num_perm)
+        for found, found_sigs in ray.get([ray_task(_signatures_of).remote(block, ids, num_perm)
                                           for block, ids in wanted if len(ids)]):
             sigs[np.searchsorted(member_ids, found)] = found_sigs
     return dc.link_partition(members, starts, member_ids, sigs, need)
 
 
 def _large_star(partitions: int, *parts):
-    pairs = np.concatenate(parts)
-    done = dc.is_star_forest(pairs)
-    out = dc.large_star(pairs)
+    out, done = dc.large_star(np.concatenate(parts))
     return (done, out, *dc.by_larger_end(out, partitions))
 
 
@@ -103,17 +85,17 @@ def distributed_clusters(blocks: list, ranges: list[tuple[int, int]], kept_ids: 
 
     bands, rows, need = banding(threshold, num_perm)
     p = max(1, int(partitions))
-    keys = [_as_lists(_task(_block_band_keys, p).remote(block, bands, rows, num_perm, p), p)
+    keys = [_as_lists(ray_task(_block_band_keys, p).remote(block, bands, rows, num_perm, p), p)
             for block, (lo, hi) in zip(blocks, ranges) if lo <= hi]
-    forests = [_task(_link).remote([blocks], ranges, num_perm, need, *[k[i] for k in keys]) for i in range(p)]
-    parts = [_as_lists(_task(_both_ends, p).remote(p, forest), p) for forest in forests]
+    forests = [ray_task(_link).remote([blocks], ranges, num_perm, need, *[k[i] for k in keys]) for i in range(p)]
+    parts = [_as_lists(ray_task(_both_ends, p).remote(p, forest), p) for forest in forests]
     for rounds in range(1, _MAX_ROUNDS + 1):
-        results = [_task(_large_star, p + 2).remote(p, *[row[i] for row in parts]) for i in range(p)]
+        results = [ray_task(_large_star, p + 2).remote(p, *[row[i] for row in parts]) for i in range(p)]
         done = ray.get([r[0] for r in results])
         if all(done):  # every partition was already stars around their smallest ids: the answer
             stars = np.concatenate(ray.get([r[1] for r in results]))
             logger.info("near dedup: distributed clustering of %d files in %d partitions, %d star rounds",
                         len(kept_ids), p, rounds)
             return dc.clusters_from_stars(stars, kept_ids)
-        parts = [_as_lists(_task(_small_star, p).remote(p, *[r[2 + i] for r in results]), p) for i in range(p)]
+        parts = [_as_lists(ray_task(_small_star, p).remote(p, *[r[2 + i] for r in results]), p) for i in range(p)]
     raise CodeParrotError(f"near dedup: distributed connected components did not converge in {_MAX_ROUNDS} rounds")

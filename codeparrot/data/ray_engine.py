@@ -42,7 +42,6 @@ so a node's own working directory never matters.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -64,6 +63,7 @@ from codeparrot.data.lsh import banding, find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
 from codeparrot.data.record_work import ChunkWorker, count_decisions, count_redactions, replace_text
+from codeparrot.data.ray_blocks import TASK_CPUS, kept_rows, ray_task, rows_with_ids, signature_matrix
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
 from codeparrot.data.ray_clustering import distributed_clusters
 from codeparrot.data.exact_dedup import first_ids
@@ -75,9 +75,7 @@ from codeparrot.errors import CodeParrotError
 SPLITS = ("train", "valid")
 # The kept files' numbers the driver holds (`_block_summary`, `_concat_sorted`): 33 bytes per kept file.
 _KEPT_COLUMNS = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool, "copies": np.int64}
-# CPUs per filter/MinHash task (Ray's default, stated): the tokenizer's Rust pool in that task gets as many
-# threads, so N concurrent tasks on a node never run N x all-core pools (as `preprocess._init_worker`).
-_WORK_CPUS = 1
+_WORK_CPUS = TASK_CPUS  # per filter/MinHash task: its tokenizer pool gets as many threads (`ray_blocks`)
 _WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
 _READ_TASK_MEMORY = 64 << 20  # bytes reserved per read task (Ray's logical memory resource)
 _PARTITION_BYTES = 256 << 20  # band keys per clustering partition at most (--ray-clustering distributed)
@@ -118,9 +116,7 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
         os.kill(os.getpid(), signal.SIGKILL)  # a worker dying mid-task: Ray must retry the task
     os.environ.setdefault("RAYON_NUM_THREADS", str(_WORK_CPUS))  # read when the tokenizer's pool starts
     winners = _shared(winners_box)
-    ids = table["id"].to_numpy()
-    pos = np.minimum(np.searchsorted(winners, ids), max(len(winners) - 1, 0))
-    table = table.filter(winners[pos] == ids) if len(winners) else table.slice(0, 0)
+    table = rows_with_ids(table, winners)
     texts = table["text"].to_pylist()
     reasons, sigs, valid, seconds, redactions = (worker(texts, table["digest"].to_pylist()) if texts
                                                  else ([], None, None, {}, []))
@@ -153,26 +149,11 @@ def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_ma
     })
 
 
-def _rows_with_ids(block, ids: np.ndarray):
-    """The rows of `block` whose id is in the sorted array `ids`."""
-    mine = block["id"].to_numpy()
-    pos = np.minimum(np.searchsorted(ids, mine), max(len(ids) - 1, 0))
-    return block.filter(ids[pos] == mine) if len(ids) else block.slice(0, 0)
-
-
 def _member_fields(block, ids: np.ndarray) -> dict[int, tuple]:
     """id -> (repo_name, path) of the near-duplicate cluster members (sorted `ids`) in one block: what the
     driver prints about them, never the files themselves."""
-    found = _rows_with_ids(block, ids)
+    found = rows_with_ids(block, ids)
     return {int(i): member_fields(raw) for i, raw in zip(found["id"].to_pylist(), found["raw"].to_pylist())}
-
-
-@functools.cache
-def _task(fn):
-    """`fn` as a Ray task of `_WORK_CPUS` CPUs (made when first used: ray is imported only by `start_ray`)."""
-    import ray
-
-    return ray.remote(num_cpus=_WORK_CPUS)(fn)
 
 
 def _block_summary(block) -> dict:
@@ -190,10 +171,8 @@ def _block_summary(block) -> dict:
 
 def _block_signatures(block, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """(kept ids, their signatures uint32[kept, num_perm]) of one block."""
-    import pyarrow.compute as pc
-
-    block = block.filter(np.asarray(block["reason"].to_numpy(zero_copy_only=False)) == "")
-    return block["id"].to_numpy(), pc.list_flatten(block["sig"]).to_numpy().reshape(len(block), num_perm)
+    block = kept_rows(block)
+    return block["id"].to_numpy(), signature_matrix(block, num_perm)
 
 
 def _write_shard(folder: str, number: int, ids: np.ndarray, compression_level: int, *blocks) -> ShardInfo:
@@ -201,7 +180,7 @@ def _write_shard(folder: str, number: int, ids: np.ndarray, compression_level: i
     them, in id order, with ShardWriter; then rename it into place (a retried task writes the same bytes)."""
     import pyarrow as pa
 
-    table = pa.concat_tables([_rows_with_ids(block.select(["id", "raw"]), ids) for block in blocks])
+    table = pa.concat_tables([rows_with_ids(block.select(["id", "raw"]), ids) for block in blocks])
     order = np.argsort(table["id"].to_numpy(), kind="stable")
     if len(order) != len(ids):
         raise CodeParrotError(f"ray engine: shard {number} of {folder} found {len(order)} of its {len(ids)} rows")
@@ -309,7 +288,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     # shard tasks where to look.
     blocks = work.to_arrow_refs()
     kept_parts, ranges = [], []
-    for summary in ray.get([_task(_block_summary).remote(block) for block in blocks]):
+    for summary in ray.get([ray_task(_block_summary).remote(block) for block in blocks]):
         for stage in _WORK_STAGES:
             totals.seconds[stage] += summary["cpu"][stage]
         count_decisions(totals, summary["reasons"].items())
@@ -349,7 +328,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
             mine = split_ids[first:first + cfg.samples_per_file]  # sorted: the shard's rows in input order
             where = [b for b, (lo, hi) in zip(blocks, ranges) if lo <= mine[-1] and hi >= mine[0]]
             number = first // cfg.samples_per_file + 1
-            pending.append((split, _task(_write_shard).remote(str(tmp / split), number, mine, cfg.compression_level,
+            pending.append((split, ray_task(_write_shard).remote(str(tmp / split), number, mine, cfg.compression_level,
                                                               *where)))
     for (split, _), info in zip(pending, _one_line_errors(lambda: ray.get([task for _, task in pending]))):
         infos[split].append(info)
@@ -394,7 +373,7 @@ def _near_dedup(cfg: PreprocessConfig, blocks: list, ranges: list[tuple[int, int
         sig_path = tmp / ".signatures.u32"
         sigs = np.lib.format.open_memmap(sig_path, mode="w+", dtype=np.uint32, shape=(n, cfg.num_perm))
         for block in blocks:  # one block's signatures on the driver at a time
-            block_ids, block_sigs = ray.get(_task(_block_signatures).remote(block, cfg.num_perm))
+            block_ids, block_sigs = ray.get(ray_task(_block_signatures).remote(block, cfg.num_perm))
             sigs[np.searchsorted(ids, block_ids)] = block_sigs
         sigs.flush()
         clusters = find_clusters(sigs, cfg.jaccard_threshold, kept["has_sig"])
@@ -411,7 +390,7 @@ def _near_dedup(cfg: PreprocessConfig, blocks: list, ranges: list[tuple[int, int
         for block, (lo, hi) in zip(blocks, ranges):
             mine = wanted[(wanted >= lo) & (wanted <= hi)]
             if len(mine):
-                fields.update(ray.get(_task(_member_fields).remote(block, mine)))
+                fields.update(ray.get(ray_task(_member_fields).remote(block, mine)))
         for row in rows.tolist():
             rid = int(ids[row])
             members[row] = member_entry(fields[rid], str(locate(rid)), not drop[row])

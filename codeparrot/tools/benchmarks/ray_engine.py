@@ -65,6 +65,7 @@ def rows(quick: bool = False) -> list[BenchRow]:
         local_walls: list[float] = []
         ratios: list[float] = []
         files = 0
+        ray_stats: dict[int, dict] = {}  # workers -> stats.json of the latest Ray run
         for workers in (2, 1):
             walls: list[float] = []
 
@@ -74,6 +75,7 @@ def rows(quick: bool = False) -> list[BenchRow]:
                     stats, wall = _run(work / "raw", work / "local", "local", 2)
                     local_walls.append(wall)
                 stats, wall = _run(work / "raw", work / f"ray{workers}", "ray", workers)
+                ray_stats[workers] = stats
                 walls.append(wall)
                 files = stats["input_records"]
                 if workers == 2:
@@ -87,10 +89,10 @@ def rows(quick: bool = False) -> list[BenchRow]:
                     f"local engine (2 workers), run alternately: {local_rate:,.0f} files/s")
             out.append(BenchRow(f"preprocess --engine ray, {workers} worker{'s' * (workers > 1)} ({name})",
                                 "files/s", median, low, high, len(walls), note))
-        # --ray-clustering distributed against the driver's clustering of the same run's files (same clusters)
-        driver_stats, _ = _run(work / "raw", work / "ray-driver", "ray", 2)
+        # --ray-clustering distributed against the driver's clustering of the last 2-worker run (same files)
+        driver_stats = ray_stats[2]
         dist_stats, _ = _run(work / "raw", work / "ray-distributed", "ray", 2, ray_clustering="distributed")
-        same = (work / "ray-driver" / "duplicate_clusters.json").read_bytes() == (
+        same = (work / "ray2" / "duplicate_clusters.json").read_bytes() == (
             work / "ray-distributed" / "duplicate_clusters.json").read_bytes()
         clustered = dist_stats["kept_train"] + dist_stats["kept_valid"] + dist_stats["near_duplicates"]
         for label, stats in (("driver", driver_stats), ("distributed", dist_stats)):
