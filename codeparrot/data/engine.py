@@ -1,6 +1,6 @@
 """The interface between `codeparrot.data.preprocess` (which prepares a run and publishes its output) and the
 engines that do the work: `codeparrot.data.local_engine` (a process pool on this machine) and
-`codeparrot.data.ray_engine` (Ray Data, one machine or a cluster).
+`codeparrot.data.ray_engine` (Ray tasks, one machine or a cluster).
 
 An engine is a function `run(job) -> EngineOutput` that writes the whole output (`train/`, `valid/`,
 `stats.json`, with near dedup `duplicate_clusters.json`) into `job.tmp` and returns the stats it saved with

@@ -3,7 +3,7 @@ deterministic train/valid split -> gzip JSONL shards, `stats.json` and `duplicat
 
 This module prepares a run and publishes it; the work is done by one of two engines behind one interface
 (`codeparrot.data.engine`): `--engine local`, a process pool on this machine (`codeparrot.data.local_engine`),
-or `--engine ray`, Ray Data on one machine or a cluster (`codeparrot.data.ray_engine`). Both make every per-file
+or `--engine ray`, Ray tasks on one machine or a cluster (`codeparrot.data.ray_engine`). Both make every per-file
 decision with `codeparrot.data.record_work`, so their outputs are byte-identical.
 
 Before anything is scheduled, the inputs, `--tokenizer` and `--output-dir` are resolved to absolute paths, so

@@ -96,14 +96,15 @@ class PreprocessConfig:
     progress: bool | None = doc(None, "no progress bars (without it: bars when stderr is a terminal)",
                                 flag="--no-progress", inverted=True)
     engine: Literal["local", "ray"] = doc("local", "where the work runs: local (a process pool on this machine) or ray "
-                                          "(Ray Data, pip install codeparrot[distributed]); the output is identical")
+                                          "(Ray, pip install codeparrot[distributed]); the output is identical")
     ray_address: str | None = doc(None, "with --engine ray: join this Ray cluster (e.g. 10.0.0.1:6379 or auto) instead "
                                   "of starting a private loopback-only Ray with --num-workers CPUs (`local` also "
                                   "starts one); the inputs, --tokenizer and --output-dir must then be on storage "
                                   "every node mounts at the same path (checked on every node before any work)",
                                   metavar="ADDR")
-    ray_blocks: int | None = doc(None, "with --engine ray: split the records into this many Ray blocks (default: "
-                                 "Ray's own blocking); the output is identical for every value", cli=False)
+    ray_block_records: int = doc(512, "with --engine ray: lines per read block, and so per parse and filter task (a "
+                                 "block also closes at 16 MiB of lines); the output is identical for every value",
+                                 cli=False)
     stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "
                                "input that stopped answering, a hung worker), the stacks of every thread go to "
                                "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off. The local engine's reading "
@@ -142,8 +143,8 @@ class PreprocessConfig:
             raise CodeParrotError(f"--ray-clustering must be driver or distributed, got {self.ray_clustering!r}")
         if self.ray_clustering == "distributed" and self.engine != "ray":
             raise CodeParrotError("--ray-clustering distributed needs --engine ray")
-        if self.ray_blocks is not None and self.ray_blocks < 1:
-            raise CodeParrotError(f"ray_blocks must be >= 1, got {self.ray_blocks}")
+        if self.ray_block_records < 1:
+            raise CodeParrotError(f"ray_block_records must be >= 1, got {self.ray_block_records}")
         self.filters.validate()
 
     def with_recipe(self) -> "PreprocessConfig":

@@ -58,7 +58,7 @@ def start_ray(cfg: PreprocessConfig) -> bool:
     try:
         import ray
     except ImportError:
-        raise CodeParrotError("--engine ray needs Ray Data: pip install 'codeparrot[distributed]'") from None
+        raise CodeParrotError("--engine ray needs Ray: pip install 'codeparrot[distributed]'") from None
     if ray.is_initialized():
         return False
     if private:

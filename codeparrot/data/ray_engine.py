@@ -8,17 +8,19 @@ the filters, decontamination and MinHash, `lsh.find_clusters`, `cluster_report`,
 blocks, workers, nodes or task finishing order. Every record carries a stable id, `read unit << 40 | row` (see
 `ray_read`), and every "first wins" rule is "smallest id wins", which is input order.
 
-Stages (the driver only sees fixed-size per-record numbers, never file contents; no group-by shuffle):
-1. read (Ray Data, one task per input file or Hub split shard, `ray_read`) streaming lines to parse tasks:
-   (id, digest, UTF-8 size, text, raw line, license, copies) per valid record, one row per bad line or damaged
-   file with its reason; materialized once (the object store spills to disk).
-2. license filter + exact dedup (driver): the (id, digest) of every valid record, 16 bytes each, read once with
-   the bad lines (and, with `--licenses`, each record's license value, counted per value and dropped before
-   exact dedup as on the local engine); the smallest id of each digest wins (`exact_dedup.first_ids`); the
-   winners go to the workers as one object.
-3. filters + encoded-data filter + decontamination + redaction + MinHash (Ray Data map over the winners):
-   `ChunkWorker`, as in the local pool. Its output blocks stay in the object store; a task per block returns
-   the counts (redactions by kind: counts only) and the kept files' numbers.
+Stages (the driver only sees fixed-size per-record numbers, never file contents; no group-by shuffle). Pass 1
+streams: no stage waits for the whole input, so reading, parsing and filtering overlap on every core.
+1. read (`ray_read.read_lines`: a streaming-generator task per input file or Hub split shard, one per 8 CPUs at
+   once, in input order) yields blocks of lines; a parse task per block (`ray_read.parse_lines`) returns the
+   block's numbers (id, bad-line reason, size, digest, license: no text) and its valid records (id, digest,
+   size, copies, text, raw line), which stay in the object store (it spills to disk).
+2. license filter + exact dedup (driver, `ray_read.ExactDedup`): the blocks' numbers in input order; bad lines
+   replayed through the local policy as they come (same counts, first examples, --strict error), license values
+   counted and dropped before exact dedup as on the local engine, and the first occurrence of each digest wins
+   (`DigestSet`, 8 bytes per distinct file), which is the smallest id. Each block's winners go at once to:
+3. filters + encoded-data filter + decontamination + redaction + MinHash (a task per block, `_work`):
+   `ChunkWorker`, as in the local pool. It returns the counts (redactions by kind: counts only) and the kept
+   files' numbers to the driver; the kept rows (id, raw line as written, signature) stay in the object store.
 4. near dedup: by default on the driver, the kept files' signatures, one block at a time, into a memory-mapped
    file in id order (the local spool's row order), clustered by `find_clusters`; with `--ray-clustering
    distributed`, by Ray tasks (`ray_clustering`: band keys hash-partitioned, buckets linked where their
@@ -30,10 +32,15 @@ Stages (the driver only sees fixed-size per-record numbers, never file contents;
    them, sorts its rows by id and writes them with `ShardWriter`, then renames the file into place (a retried
    task rewrites the same bytes) and reports its rows and size, which the caller checks on disk.
 
-Driver memory: about 170 bytes per input file at most (measured, `codeparrot.tools.benchmarks.ray_driver`: ids
-and digests for exact dedup, the kept files' numbers, the LSH index, the cluster members' entries), plus 8 bytes
-per kept file for its `copies` (`--near-dedup-keep most-copies`; 176 bytes per input file measured with it, 70%
-kept); signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
+Driver memory: about 170 bytes per input file with the driver's clustering, 90 with `--ray-clustering
+distributed` (measured, `codeparrot.tools.benchmarks.ray_driver`, 30% exact duplicates, the rest kept: the
+digests of exact dedup, the kept files' numbers including `copies`, the LSH index, the cluster members'
+entries); signatures (4 x num_perm bytes per survivor) live in a memory-mapped file inside the output folder.
+
+Why Ray tasks and not Ray Data: with Ray Data's map stages, exact dedup needed every block materialized first
+(a barrier: on 2 CPUs the filters started after 11 s of reading and parsing, then ran alone), its bundling delayed
+the parse tasks until most of a file was read, and `import ray.data` plus its executor cost a second per run.
+Streamed as tasks, the same work keeps every core busy from the first block (see bench/results.md).
 
 Where Ray runs (a private loopback-only Ray, or a joined cluster checked node by node before any work):
 `codeparrot.data.ray_cluster`. Every path a task opens is absolute (`codeparrot.data.preprocess` resolves them),
@@ -42,18 +49,20 @@ so a node's own working directory never matters.
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import queue
 import shutil
 import signal
+import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
@@ -66,29 +75,19 @@ from codeparrot.data.record_work import ChunkWorker, count_decisions, count_reda
 from codeparrot.data.ray_blocks import TASK_CPUS, kept_rows, ray_task, rows_with_ids, signature_matrix
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
 from codeparrot.data.ray_clustering import distributed_clusters
-from codeparrot.data.exact_dedup import first_ids
-from codeparrot.data.ray_read import Locations, parse_rows, read_unit, read_units, replay_bad
+from codeparrot.data.ray_read import ExactDedup, Locations, parse_lines, read_lines, read_units
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
 from codeparrot.errors import CodeParrotError
 
 SPLITS = ("train", "valid")
-# The kept files' numbers the driver holds (`_block_summary`, `_concat_sorted`): 33 bytes per kept file.
+# The kept files' numbers the driver holds (`_work`'s summary, `_concat_sorted`): 33 bytes per kept file.
 _KEPT_COLUMNS = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool, "copies": np.int64}
 _WORK_CPUS = TASK_CPUS  # per filter/MinHash task: its tokenizer pool gets as many threads (`ray_blocks`)
 _WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
-_READ_TASK_MEMORY = 64 << 20  # bytes reserved per read task (Ray's logical memory resource)
+_READERS_PER_CPUS = 8  # read tasks at once: one per 8 CPUs (a reader feeds several parse and filter tasks)
 _PARTITION_BYTES = 256 << 20  # band keys per clustering partition at most (--ray-clustering distributed)
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
-
-
-def _ray_data(cfg: PreprocessConfig):
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = bool(cfg.progress)
-    ctx.print_on_execution_start = False
-    return ray.data
 
 
 # --- tasks: plain functions of their arguments (a retried task computes the same rows) --------------------
@@ -106,46 +105,52 @@ def _shared(ref_box: list):
     return _SHARED[key]
 
 
-def _work(table, worker: ChunkWorker, winners_box: list, num_perm: int, fault_marker: str | None):
-    """Filters, encoded-data filter, decontamination, redaction and MinHash of the exact-dedup winners of a batch
-    (the local pool's work)."""
+def _work(records, worker_box: list, winners: np.ndarray, num_perm: int, fault_marker: str | None):
+    """Ray task (2 returns): filters, encoded-data filter, decontamination, redaction and MinHash of the
+    exact-dedup winners (sorted ids) among a block of `ray_read.parse_lines` records: the local pool's work.
+    Returns (summary, kept): what the driver counts (counts by reason, CPU seconds per stage,
+    redactions by kind, the kept files' numbers; never a text) and the kept files' rows (id, raw line as
+    written, signature), which stay in the object store for clustering and the shard tasks."""
     import pyarrow as pa
 
     if fault_marker and not os.path.exists(fault_marker):
         Path(fault_marker).touch()
         os.kill(os.getpid(), signal.SIGKILL)  # a worker dying mid-task: Ray must retry the task
     os.environ.setdefault("RAYON_NUM_THREADS", str(_WORK_CPUS))  # read when the tokenizer's pool starts
-    winners = _shared(winners_box)
-    table = rows_with_ids(table, winners)
+    worker: ChunkWorker = _shared(worker_box)
+    table = rows_with_ids(records, winners)
     texts = table["text"].to_pylist()
     reasons, sigs, valid, seconds, redactions = (worker(texts, table["digest"].to_pylist()) if texts
                                                  else ([], None, None, {}, []))
     kept = np.array([r is None for r in reasons], dtype=bool)
-    raw = [r if k else b"" for r, k in zip(table["raw"].to_pylist(), kept.tolist())]
-    nbytes = table["nbytes"].to_numpy().copy()
-    redacted = [""] * len(texts)  # per row: the redaction kinds as JSON (counts only, never the values)
-    for i, redaction in enumerate(redactions):
-        if redaction is not None:  # the redacted text replaces the original in the written record
-            raw[i] = replace_text(raw[i], worker.text_column, redaction[0])
-            nbytes[i] = utf8_len(redaction[0])
-            redacted[i] = json.dumps(dict(redaction[1]))
-    has_sig = np.zeros(len(texts), dtype=bool)
-    offsets = np.zeros(len(texts) + 1, dtype=np.int32)  # signature list per row: num_perm values if kept
+    summary = {"reasons": dict(sorted(Counter(r for r in reasons if r is not None).items())),
+               "cpu": {stage: seconds.get(stage, 0.0) for stage in _WORK_STAGES},
+               "files_redacted": 0, "redacted": Counter()}
+    table = table.filter(pa.array(kept))
+    raw, nbytes = table["raw"], table["nbytes"].to_numpy().copy()
+    redactions = [r for r, k in zip(redactions, kept.tolist()) if k]
+    if any(r is not None for r in redactions):  # the redacted text replaces the original in the written record
+        lines = raw.to_pylist()
+        for i, redaction in enumerate(redactions):
+            if redaction is not None:
+                lines[i] = replace_text(lines[i], worker.text_column, redaction[0])
+                nbytes[i] = utf8_len(redaction[0])
+                summary["files_redacted"] += 1
+                summary["redacted"].update(redaction[1])  # counts by kind, never the values
+        raw = pa.array(lines, pa.large_binary())
+    has_sig = np.zeros(len(table), dtype=bool)
+    offsets = np.arange(len(table) + 1, dtype=np.int32) * num_perm  # num_perm values per kept row
     values = np.zeros(0, dtype=np.uint32)
     if sigs is not None:
-        has_sig[kept] = valid
-        offsets[1:] = np.cumsum(kept * num_perm)
+        has_sig[:] = valid
         values = np.ascontiguousarray(sigs, dtype=np.uint32).reshape(-1)
-    cpu = np.zeros((len(_WORK_STAGES), len(texts)))  # the batch's seconds on its first row
-    if len(texts):
-        cpu[:, 0] = [seconds.get(k, 0.0) for k in _WORK_STAGES]
-    return pa.table({
-        "id": table["id"], "digest": table["digest"], "nbytes": pa.array(nbytes, pa.int64()),
-        "copies": table["copies"], "redacted": pa.array(redacted, pa.string()),
-        "reason": pa.array(["" if r is None else r for r in reasons], pa.string()),
-        "raw": pa.array(raw, pa.large_binary()), "has_sig": pa.array(has_sig),
-        "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
-        **{f"cpu_{stage}": cpu[k] for k, stage in enumerate(_WORK_STAGES)},
+    else:
+        offsets[:] = 0
+    summary["kept"] = {"id": table["id"].to_numpy(), "digest": table["digest"].to_numpy(), "nbytes": nbytes,
+                       "has_sig": has_sig, "copies": table["copies"].to_numpy()}
+    return summary, pa.table({
+        "id": table["id"], "raw": raw, "reason": pa.array([""] * len(table), pa.string()),
+        "has_sig": pa.array(has_sig), "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
     })
 
 
@@ -154,19 +159,6 @@ def _member_fields(block, ids: np.ndarray) -> dict[int, tuple]:
     driver prints about them, never the files themselves."""
     found = rows_with_ids(block, ids)
     return {int(i): member_fields(raw) for i, raw in zip(found["id"].to_pylist(), found["raw"].to_pylist())}
-
-
-def _block_summary(block) -> dict:
-    """What the driver needs of one block of filter/MinHash results: counts by reason, CPU seconds per stage,
-    redacted files and replacements by kind (counts only), and the kept files' numbers (no text, no signature)."""
-    reasons = block["reason"].to_numpy(zero_copy_only=False)
-    kept = reasons == ""
-    found, counts = np.unique(reasons[~kept], return_counts=True)
-    redacted = [kinds for kinds in block["redacted"].to_pylist() if kinds]
-    return {"reasons": dict(zip(found.tolist(), counts.tolist())),
-            "cpu": {stage: float(np.sum(block[f"cpu_{stage}"].to_numpy())) for stage in _WORK_STAGES},
-            "files_redacted": len(redacted), "redacted": sum((Counter(json.loads(k)) for k in redacted), Counter()),
-            "kept": {c: block[c].to_numpy()[kept] for c in _KEPT_COLUMNS}}
 
 
 def _block_signatures(block, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
@@ -216,7 +208,7 @@ def _one_line_errors(run):
             inner = getattr(cause, "cause", None)  # RayTaskError: the task's own exception
             if isinstance(inner, BaseException):
                 cause = inner
-            elif isinstance(cause, CodeParrotError):  # Ray Data appends its retry advice on further lines
+            elif isinstance(cause, CodeParrotError):  # only its first line: no retry advice, no traceback
                 raise CodeParrotError(str(cause).splitlines()[0]) from None
             else:
                 cause = cause.__cause__ or cause.__context__
@@ -233,7 +225,7 @@ def _valid_split(digests: np.ndarray, fraction: float) -> np.ndarray:
 
 
 def run(job: EngineJob) -> EngineOutput:
-    """The `engine.Engine` of Ray Data (see the module docstring): the output into `job.tmp`."""
+    """The `engine.Engine` of Ray (see the module docstring): the output into `job.tmp`."""
     started = start_ray(job.cfg)
     try:
         if not is_private(job.cfg):
@@ -250,55 +242,36 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
          start: float) -> EngineOutput:
     import ray
 
-    rd = _ray_data(cfg)
     totals, bad = Totals(), BadRecords(strict=cfg.strict)
     units = read_units(paths)  # input files and Hub split shards, in input order (see `ray_read`)
-    # The read reserves a little memory (what one block of lines needs) so that its resources differ from the
-    # parse tasks': Ray Data would otherwise fuse the two maps into one task, and one large input file would be
-    # decompressed, parsed and hashed on one core. Apart, the parse tasks work on other cores as lines stream in.
-    lines = rd.from_items(units, override_num_blocks=len(units)).map_batches(
-        read_unit, batch_size=1, batch_format="numpy", memory=_READ_TASK_MEMORY)
-    records = lines.map_batches(parse_rows, batch_size=None, batch_format="pyarrow",
-                                fn_kwargs={"text_column": cfg.text_column})
-    if cfg.ray_blocks:
-        records = records.repartition(cfg.ray_blocks)
-    records = _one_line_errors(records.materialize)
-    # Bad lines: replayed through the local policy in input order (same counts, first examples, --strict error).
-    t = time.perf_counter()
-    locate, ids, digests = replay_bad(records, paths, units, bad, totals, worker.license_filter)
+    dedup = ExactDedup(paths, units, bad, totals, worker.license_filter)
+    pending = _one_line_errors(lambda: _read_and_filter(cfg, units, worker, dedup))
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
-
-    # Exact dedup (driver, from the 16 bytes per record it already reads): the smallest id (first in input
-    # order) of each digest wins, among the records the license filter kept.
-    winners = first_ids(digests, ids)
-    del ids, digests
-    totals.exact_duplicates = totals.valid_records - sum(totals.licenses.by_reason.values()) - len(winners)
-    totals.seconds["exact_dedup"] = time.perf_counter() - t
-
-    marker = os.environ.get(FAULT_MARKER_ENV)
-    # bad lines never match a winner's id: `_work` drops them with the exact duplicates
-    work = records.map_batches(_work, batch_size=4 * cfg.chunk_files, batch_format="pyarrow", num_cpus=_WORK_CPUS,
-                               fn_kwargs={"worker": worker, "winners_box": [ray.put(winners)],
-                                          "num_perm": cfg.num_perm, "fault_marker": marker}).materialize()
+    winners = dedup.winners
+    totals.exact_duplicates = totals.valid_records - sum(totals.licenses.by_reason.values()) - winners
 
     # Decisions of the winners, block by block: counts by reason, redactions by kind, and the kept files' (id,
-    # digest, size, has signature, copies). The blocks stay where they are; each block's kept id range tells the
-    # shard tasks where to look.
-    blocks = work.to_arrow_refs()
-    kept_parts, ranges = [], []
-    for summary in ray.get([ray_task(_block_summary).remote(block) for block in blocks]):
-        for stage in _WORK_STAGES:
-            totals.seconds[stage] += summary["cpu"][stage]
-        count_decisions(totals, summary["reasons"].items())
-        count_redactions(totals, summary["redacted"], summary["files_redacted"])
-        kept_parts.append(summary["kept"])
-        ids = summary["kept"]["id"]
-        ranges.append((int(ids.min()), int(ids.max())) if len(ids) else (1, 0))
+    # digest, size, has signature, copies). The kept rows stay where they are; each block's kept id range tells
+    # the shard tasks where to look.
+    blocks, kept_parts, ranges = [], [], []
+    with _bar(cfg, "filters + MinHash", winners) as progress:
+        for summary_ref, block in pending:
+            summary = _one_line_errors(lambda: ray.get(summary_ref))
+            for stage in _WORK_STAGES:
+                totals.seconds[stage] += summary["cpu"][stage]
+            count_decisions(totals, summary["reasons"].items())
+            count_redactions(totals, summary["redacted"], summary["files_redacted"])
+            ids = summary["kept"]["id"]
+            progress.update(len(ids) + sum(summary["reasons"].values()))
+            if len(ids):  # a block of which nothing was kept is not needed again
+                blocks.append(block)
+                kept_parts.append(summary["kept"])
+                ranges.append((int(ids.min()), int(ids.max())))
     kept = _concat_sorted(kept_parts)
-    totals.files["filters"] = len(winners)
-    totals.files["encoded_data"] = len(winners) - sum(totals.filtered.values())
+    totals.files["filters"] = winners
+    totals.files["encoded_data"] = winners - sum(totals.filtered.values())
     totals.files["decontaminate"] = totals.files["encoded_data"] - sum(totals.encoded_data.values())
     totals.files["minhash"] = totals.files["redact_secrets"] = len(kept["id"])
     for stage in ("read", "exact_dedup"):
@@ -309,7 +282,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     clusters = None
     if cfg.near_dedup:
         t = time.perf_counter()
-        clusters = _near_dedup(cfg, blocks, ranges, kept, drop, locate, tmp, totals)
+        clusters = _near_dedup(cfg, blocks, ranges, kept, drop, dedup.locate, tmp, totals)
         totals.seconds["pass2"] = time.perf_counter() - t
         totals.files["pass2"] = totals.files["clustering"]
 
@@ -341,11 +314,76 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     totals.seconds["total"] = time.perf_counter() - start
     for stage in ("pass1", "total"):
         totals.files[stage], totals.bytes[stage] = totals.valid_records, totals.bytes_in
-    stats = build_stats(cfg, paths, bad, totals, 8 * len(winners), clusters, shards)
+    stats = build_stats(cfg, paths, bad, totals, dedup.seen.nbytes, clusters, shards)
     if clusters is not None:
         write_clusters(tmp / "duplicate_clusters.json", clusters)
     atomic_write_json(tmp / "stats.json", stats)
     return EngineOutput(stats, infos)
+
+
+def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
+    return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
+
+
+def _feed_blocks(cfg: PreprocessConfig, units: list[dict], out: queue.Queue, stop: threading.Event) -> None:
+    """Driver thread: a read task per unit (`ray_read.read_lines`, a streaming generator; `_READERS_PER_CPUS`
+    at once, started in input order) and a parse task per block of lines as soon as it is read. Puts, in input
+    order, ("block", numbers ref, records ref) per block and ("unit", u) after each unit's last block; then
+    None. An error (a unit that cannot be read) goes on `out` as itself."""
+    import ray
+
+    try:
+        read, parse = ray_task(read_lines, "streaming"), ray_task(parse_lines, 2)
+        readers = max(1, int(ray.cluster_resources().get("CPU", 1)) // _READERS_PER_CPUS)
+        started = deque(read.remote(unit, cfg.ray_block_records) for unit in units[:readers])
+        for u in range(len(units)):
+            for lines in started.popleft():
+                if stop.is_set():
+                    return
+                out.put(("block", *parse.remote(lines, cfg.text_column)))
+            out.put(("unit", u))
+            if u + readers < len(units):
+                started.append(read.remote(units[u + readers], cfg.ray_block_records))
+        out.put(None)
+    except BaseException as err:  # noqa: BLE001 - handed to the driver's thread, which raises it
+        out.put(err)
+
+
+def _read_and_filter(cfg: PreprocessConfig, units: list[dict], worker: ChunkWorker, dedup: ExactDedup) -> list:
+    """Pass 1, streaming: blocks are read and parsed by Ray tasks while the driver, taking their numbers in
+    input order, counts bad lines and decides exact duplicates (`ExactDedup`), and sends each block's winners to
+    a filter/MinHash task (`_work`) at once: reading, parsing and filtering overlap, and no stage waits for the
+    whole input. Returns the (summary, kept rows) refs of the filter tasks, in input order."""
+    import ray
+
+    work = ray_task(_work, 2)
+    worker_box = [ray.put(worker)]  # fetched once per worker process (`_shared`)
+    marker = os.environ.get(FAULT_MARKER_ENV)
+    blocks: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    threading.Thread(target=_feed_blocks, args=(cfg, units, blocks, stop), daemon=True, name="ray-read").start()
+    pending = []
+    seconds = 0.0
+    try:
+        with _bar(cfg, "read + exact dedup") as progress:
+            while (item := blocks.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                t = time.perf_counter()
+                if item[0] == "unit":
+                    dedup.unit_done(item[1])
+                else:
+                    numbers = ray.get(item[1])
+                    t = time.perf_counter()
+                    winners = dedup.winners_of(numbers)
+                    if len(winners):
+                        pending.append(tuple(work.remote(item[2], worker_box, winners, cfg.num_perm, marker)))
+                    progress.update(len(numbers["id"]))
+                seconds += time.perf_counter() - t
+    finally:
+        stop.set()
+    dedup.totals.seconds["exact_dedup"] = seconds
+    return pending
 
 
 def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -1,12 +1,14 @@
-"""The Ray engine's read stage (`codeparrot.data.ray_engine`): read units, stable record ids, bad-line replay.
+"""The Ray engine's read stage (`codeparrot.data.ray_engine`): read units, stable record ids, the read and parse
+tasks, and the driver's side of it (`ExactDedup`: bad-line replay, license filter, exact dedup, in input order).
 
 A read unit is one input file or one shard (data file) of a streamed Hub split (`hub_input.hub_num_shards`).
 Units are numbered in input order and the records of unit u get the id `u << 40 | row` (row from 1 within the
 unit), so sorting by id is input order and "first wins" is "smallest id wins". Each unit is one Ray task: the
 shards of a Hub split are streamed by parallel tasks, each opening only its own data file. A split's shards in
-order are its rows in order (what the local engine streams), so once the driver knows every shard's row count
-(one output row per streamed row: a record or a bad line), each id maps back to the location the local engine
-reports (`dataset:split:row`, rows counted over the whole split).
+order are its rows in order (what the local engine streams), so once the driver has counted the rows of the
+earlier shards (one output row per streamed row: a record or a bad line; the driver takes blocks in input
+order), each id maps back to the location the local engine reports (`dataset:split:row`, rows counted over the
+whole split).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from codeparrot.data.exact_dedup import digest_of_stripped, strip_whitespace
+from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, hub_num_shards, iter_hub_lines
 from codeparrot.data.licenses import LicenseFilter
 from codeparrot.data.preprocess_stats import Totals, utf8_len
@@ -25,7 +27,7 @@ from codeparrot.data.record_work import record_signals
 from codeparrot.data.records import BadRecords, Location, iter_lines, parse_line
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
-_ROWS_PER_READ_BATCH = 512  # lines per block emitted by a read task (bounded task memory)
+_BLOCK_BYTES = 16 << 20  # a read block closes at this many bytes of lines (bounded task memory)
 
 
 def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
@@ -42,32 +44,34 @@ def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
     return [{"unit": u, **unit} for u, unit in enumerate(units)]
 
 
-def read_unit(batch: dict[str, np.ndarray]) -> Iterator[Any]:
-    """Ray task: the lines of one read unit (a batch of one), in order: (id, raw line) per line, and a row with
-    its reason per damaged or empty file. Only decompression and line splitting happen here (a unit is read by
-    one task); parsing is `parse_rows`, in parallel tasks."""
+def read_lines(unit: dict[str, Any], block_records: int) -> Iterator[Any]:
+    """Ray streaming-generator task: the lines of one read unit, in order, in blocks of at most `block_records`
+    lines and about `_BLOCK_BYTES` bytes: a pyarrow table of (id, raw line, "", "") per line, and a row with its
+    reason and detail per damaged or empty file. Only decompression and line splitting happen here (a unit is
+    read by one task); parsing is `parse_lines`, in parallel tasks."""
     import pyarrow as pa
+
+    rows: list[tuple] = []
 
     class Recorder(BadRecords):  # the local file-level policy, with each event kept for the driver to replay
         def add(self, reason: str, where: Location, detail: str = "") -> None:
             rows.append((int(where.line), b"", reason, detail))
 
-    for u in range(len(batch["unit"])):
-        unit = {k: v[u] for k, v in batch.items()}
-        rows: list[tuple] = []
-        if unit["path"]:
-            lines = iter_lines([Path(unit["path"])], Recorder())
-        else:
-            hub = HubInput(str(unit["dataset_id"]), str(unit["split"]), str(unit["revision"]) or None)
-            n = int(unit["num_shards"])
-            lines = iter_hub_lines(hub, int(unit["shard"]) if n > 1 else None, n)
-        for line, where in lines:
-            rows.append((where.line, line, "", ""))
-            if len(rows) >= _ROWS_PER_READ_BATCH:
-                yield _lines_table(pa, int(unit["unit"]), rows)
-                rows = []
-        if rows:
+    if unit["path"]:
+        lines = iter_lines([Path(unit["path"])], Recorder())
+    else:
+        hub = HubInput(unit["dataset_id"], unit["split"], unit["revision"] or None)
+        n = int(unit["num_shards"])
+        lines = iter_hub_lines(hub, int(unit["shard"]) if n > 1 else None, n)
+    size = 0
+    for line, where in lines:
+        rows.append((where.line, line, "", ""))
+        size += len(line)
+        if len(rows) >= block_records or size >= _BLOCK_BYTES:
             yield _lines_table(pa, int(unit["unit"]), rows)
+            rows, size = [], 0
+    if rows:
+        yield _lines_table(pa, int(unit["unit"]), rows)
 
 
 def _lines_table(pa, unit: int, rows: list[tuple]):
@@ -80,15 +84,17 @@ def _lines_table(pa, unit: int, rows: list[tuple]):
     })
 
 
-def parse_rows(table, text_column: str):
-    """Ray batch function: each line parsed by the local parser (`records.parse_line`): (id, digest, UTF-8 size,
-    text, raw line, license, copies) per valid record, its reason and detail per bad line; file-level rows pass
-    through."""
+def parse_lines(table, text_column: str) -> tuple[dict[str, np.ndarray], Any]:
+    """Ray task on a block of `read_lines`: each line parsed by the local parser (`records.parse_line`). Returns
+    (numbers, records): the numbers are what the driver reads of every row, no text (id, bad-line reason and
+    detail, UTF-8 size, digest of the whitespace-stripped text, normalized license); the records are a pyarrow
+    table of the valid ones for the filter tasks (id, digest, UTF-8 size, copies, text, raw line)."""
     import pyarrow as pa
 
     reasons, details = table["bad"].to_pylist(), table["detail"].to_pylist()
-    digests, sizes, texts = [0] * len(reasons), [0] * len(reasons), [""] * len(reasons)
-    licenses, copies = [""] * len(reasons), [-1] * len(reasons)
+    n = len(reasons)
+    digests, sizes, texts = [0] * n, [0] * n, [""] * n
+    licenses, copies = [""] * n, [-1] * n
 
     class Recorder(BadRecords):
         def add(self, reason: str, where: Location, detail: str = "") -> None:
@@ -103,71 +109,84 @@ def parse_rows(table, text_column: str):
             text = texts[i] = parsed[1]
             digests[i], sizes[i] = digest_of_stripped(strip_whitespace(text)), utf8_len(text)
             licenses[i], copies[i] = record_signals(parsed[0])
-    return pa.table({
-        "id": table["id"],
-        "digest": pa.array(np.array(digests, dtype=np.uint64), pa.uint64()),
-        "nbytes": pa.array(sizes, pa.int64()),
-        "text": pa.array(texts, pa.large_string()),
-        "raw": table["raw"],
-        "bad": pa.array(reasons, pa.string()),  # "" for a valid record, else the bad-record reason
-        "detail": pa.array(details, pa.string()),
-        "license": pa.array(licenses, pa.string()),  # normalized (`record_work.record_signals`)
-        "copies": pa.array(copies, pa.int64()),  # -1: none
-    })
-
-
-def good_rows(table):
-    """Ray batch function: the valid records of a block of read rows."""
-    return table.filter(np.asarray(table["bad"].to_numpy(zero_copy_only=False)) == "")
+    good = np.array([not r for r in reasons], dtype=bool)
+    numbers = {"id": table["id"].to_numpy(), "bad": np.array(reasons, dtype=object),
+               "detail": np.array(details, dtype=object), "nbytes": np.array(sizes, dtype=np.int64),
+               "digest": np.array(digests, dtype=np.uint64), "license": np.array(licenses, dtype=object)}
+    records = pa.table({
+        "id": table["id"], "digest": pa.array(numbers["digest"], pa.uint64()),
+        "nbytes": pa.array(numbers["nbytes"], pa.int64()), "copies": pa.array(copies, pa.int64()),  # -1: none
+        "text": pa.array(texts, pa.large_string()), "raw": table["raw"],
+    }).filter(pa.array(good))
+    return numbers, records
 
 
 class Locations:
-    """Record id -> the `Location` the local engine reports for it (file:line, or dataset:split:row)."""
+    """Record id -> the `Location` the local engine reports for it (file:line, or dataset:split:row), built as
+    the units' rows arrive in input order (`add_rows`): a Hub shard's rows are counted after those of the
+    earlier shards of its split."""
 
-    def __init__(self, paths: list[Path | HubInput], units: list[dict[str, Any]], rows_per_unit: np.ndarray):
+    def __init__(self, paths: list[Path | HubInput], units: list[dict[str, Any]]):
         self.paths = paths
         self.input = np.array([unit["input"] for unit in units], dtype=np.int64)
+        self.rows = np.zeros(len(units), dtype=np.int64)  # rows (records and bad lines) seen per unit
         self.offset = np.zeros(len(units), dtype=np.int64)  # rows of the earlier shards of the same Hub split
-        for u in range(1, len(units)):
-            if units[u]["input"] == units[u - 1]["input"]:
-                self.offset[u] = self.offset[u - 1] + rows_per_unit[u - 1]
+        self._started = 0  # units before this one have their offset
+
+    def add_rows(self, unit: int, rows: int) -> None:
+        """`rows` more rows of `unit`; every unit before it is complete (rows arrive in input order)."""
+        for u in range(max(self._started, 1), unit + 1):
+            if self.input[u] == self.input[u - 1]:
+                self.offset[u] = self.offset[u - 1] + self.rows[u - 1]
+        self._started = max(self._started, unit + 1)
+        self.rows[unit] += rows
 
     def __call__(self, rid: int) -> Location:
         u = rid >> LINE_BITS
         return Location(str(self.paths[self.input[u]]), int(self.offset[u] + (rid & ((1 << LINE_BITS) - 1))))
 
 
-def replay_bad(records, paths: list[Path | HubInput], units: list[dict[str, Any]], bad: BadRecords,
-               totals: Totals, licenses: LicenseFilter) -> tuple[Locations, np.ndarray, np.ndarray]:
-    """Count the valid records and their bytes into `totals` and replay every bad line through `bad` in input
-    order (the local engine's counts, first examples and --strict error); returns the id -> location map and
-    the ids and digests of the valid records that `licenses` keeps (16 bytes per record, for exact dedup, which
-    comes after the license filter; in no particular order). License decisions go to `totals.licenses`."""
-    import pandas as pd
+class ExactDedup:
+    """The driver's side of the read stage, fed the `parse_lines` numbers of every block in input order: counts
+    the valid records and their bytes into `totals`, replays every bad line through `bad` (the local engine's
+    counts, first examples and --strict error), applies `licenses` (decisions counted in `totals.licenses`) and
+    keeps the first occurrence of each digest (`DigestSet`: 8 bytes per distinct file). `winners` of a block are
+    the ids its filter task works on."""
 
-    events, rows_per_unit = [], np.zeros(len(units), dtype=np.int64)
-    ids, digests = [], []
-    columns = ["id", "bad", "detail", "nbytes", "digest"] + (["license"] if licenses.active else [])
-    for b in records.select_columns(columns).iter_batches(batch_format="pandas"):
-        is_bad = b["bad"] != ""
-        events.append(b[is_bad][["id", "bad", "detail"]])
-        good = ~is_bad.to_numpy()
-        totals.valid_records += int(good.sum())
-        totals.bytes_in += int(b["nbytes"][good].sum())
-        if licenses.active:  # before exact dedup, as on the local engine
-            good[good] = _license_allows(b["license"].to_numpy(dtype=object)[good], licenses, totals)
-        ids.append(b["id"].to_numpy(np.int64)[good])
-        digests.append(b["digest"].to_numpy(np.uint64)[good])
-        rows_per_unit += np.bincount(b["id"].to_numpy(np.int64) >> LINE_BITS, minlength=len(units))
-    for i, item in enumerate(paths):  # an empty Hub split counts as an empty file, as on the local engine
-        mine = [u["unit"] for u in units if u["input"] == i]
-        if isinstance(item, HubInput) and not rows_per_unit[mine].sum():
-            events.append(pd.DataFrame({"id": [(mine[0] << LINE_BITS) + 1], "bad": ["empty file"], "detail": [""]}))
-    locate = Locations(paths, units, rows_per_unit)
-    for row in pd.concat(events).sort_values("id").itertuples() if events else ():
-        bad.add(row.bad, locate(row.id), row.detail)
-    empty = np.zeros(0, dtype=np.int64)
-    return locate, np.concatenate(ids) if ids else empty, np.concatenate(digests) if digests else empty.astype(np.uint64)
+    def __init__(self, paths: list[Path | HubInput], units: list[dict[str, Any]], bad: BadRecords, totals: Totals,
+                 licenses: LicenseFilter):
+        self.paths, self.units, self.bad, self.totals, self.licenses = paths, units, bad, totals, licenses
+        self.locate = Locations(paths, units)
+        self.seen = DigestSet()
+        self.winners = 0
+
+    def winners_of(self, numbers: dict[str, np.ndarray]) -> np.ndarray:
+        """The ids (sorted) of the block's records that are first occurrences among the license-kept records."""
+        ids = numbers["id"]
+        if not len(ids):
+            return ids
+        self.locate.add_rows(int(ids[0] >> LINE_BITS), len(ids))  # a block holds the rows of one unit
+        is_bad = numbers["bad"] != ""
+        for i in np.flatnonzero(is_bad).tolist():
+            self.bad.add(numbers["bad"][i], self.locate(int(ids[i])), numbers["detail"][i])
+        good = ~is_bad
+        self.totals.valid_records += int(good.sum())
+        self.totals.bytes_in += int(numbers["nbytes"][good].sum())
+        if self.licenses.active:  # before exact dedup, as on the local engine
+            good[good] = _license_allows(numbers["license"][good], self.licenses, self.totals)
+        mine = ids[good][self.seen.add_batch(numbers["digest"][good])]
+        self.winners += len(mine)
+        return mine
+
+    def unit_done(self, unit: int) -> None:
+        """After the last block of `unit`: an empty Hub split counts as an empty file, as on the local engine."""
+        self.locate.add_rows(unit, 0)
+        item = self.paths[self.units[unit]["input"]]
+        last = unit + 1 == len(self.units) or self.units[unit + 1]["input"] != self.units[unit]["input"]
+        if isinstance(item, HubInput) and last:
+            mine = [u["unit"] for u in self.units if u["input"] == self.units[unit]["input"]]
+            if not self.locate.rows[mine].sum():
+                self.bad.add("empty file", self.locate((mine[0] << LINE_BITS) + 1), "")
 
 
 def _license_allows(values: np.ndarray, licenses: LicenseFilter, totals: Totals) -> np.ndarray:

@@ -18,7 +18,6 @@ def ray_session(tmp_path_factory):
     (see `FAULT_MARKER_ENV`)."""
     os.environ.update(LOCAL_RAY_ENV)
     ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'codeparrot[distributed]'")
-    pytest.importorskip("ray.data", reason="Ray Data is not installed: pip install 'codeparrot[distributed]'")
     if ray.is_initialized():
         ray.shutdown()
     start_local_ray(2)

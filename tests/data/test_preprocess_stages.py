@@ -151,5 +151,5 @@ def test_the_ray_engine_writes_the_same_bytes_with_every_stage_on(corpus, local_
     raw, _, _ = corpus
     out, _ = local_run
     preprocess(PreprocessConfig([str(raw)], str(tmp_path / "ray"), recipe="stack-v2", engine="ray", num_workers=2,
-                                valid_fraction=0.2, samples_per_file=8, progress=False, ray_blocks=3))
+                                valid_fraction=0.2, samples_per_file=8, progress=False, ray_block_records=3))
     assert _decisions(tmp_path / "ray") == _decisions(out)

@@ -1,8 +1,8 @@
 """`--engine ray` makes the local engine's decisions bit for bit: on a corpus with planted whitespace duplicates,
 a near-duplicate chain, one LSH bucket larger than the small-bucket path, filtered and contaminated files, bad
 lines and an empty file, both engines write the same stats counts, the same duplicate_clusters.json and
-byte-identical shards, with 1, 3 and 8 Ray blocks, with the input files in another order, and when a worker is
-SIGKILLed mid-task. One loopback Ray (the session fixture `ray_session`) serves every test."""
+byte-identical shards, with read blocks of 3, 7 and 512 lines, with the input files in another order, and when a
+worker is SIGKILLed mid-task. One loopback Ray (the session fixture `ray_session`) serves every test."""
 
 from __future__ import annotations
 
@@ -113,14 +113,14 @@ def test_the_corpus_exercises_every_decision(inputs, tmp_path_factory):
     assert stats["kept_train"] > 16 and stats["kept_valid"] > 0  # several shards in train
 
 
-# Each Ray run costs seconds of fixed scheduling, so the reversed input order shares a run with 8 blocks.
+# Each Ray run costs seconds of fixed scheduling, so the reversed input order shares a run with another block size.
 # --ray-clustering distributed (LSH and connected components in Ray tasks) must give the same clusters and shards.
-@pytest.mark.parametrize("blocks,reverse,clustering", [(1, False, "driver"), (3, False, "driver"), (8, True, "driver"),
-                                                       (5, True, "distributed")])
+@pytest.mark.parametrize("blocks,reverse,clustering", [(512, False, "driver"), (3, False, "driver"),
+                                                       (7, True, "driver"), (5, True, "distributed")])
 def test_ray_engine_writes_exactly_what_the_local_engine_writes(blocks, reverse, clustering, inputs, tmp_path,
                                                                 ray_session, tmp_path_factory):
     files = inputs[::-1] if reverse else inputs
-    stats = preprocess(_cfg(files, tmp_path / "out", "ray", ray_blocks=blocks, ray_clustering=clustering))
+    stats = preprocess(_cfg(files, tmp_path / "out", "ray", ray_block_records=blocks, ray_clustering=clustering))
     assert stats["config"]["engine"] == "ray"
     assert _output(tmp_path / "out") == _local(inputs, tmp_path_factory, reverse)
 
@@ -135,7 +135,7 @@ def test_a_worker_killed_mid_task_does_not_change_the_output(inputs, tmp_path, r
                                                              monkeypatch):
     marker = ray_session / "killed-once"
     monkeypatch.setenv(FAULT_MARKER_ENV, str(marker))
-    preprocess(_cfg(inputs, tmp_path / "out", "ray", ray_blocks=3))
+    preprocess(_cfg(inputs, tmp_path / "out", "ray", ray_block_records=3))
     assert marker.exists()  # a work task did SIGKILL its worker process; Ray retried it
     assert _output(tmp_path / "out") == _local(inputs, tmp_path_factory, reverse=False)
 
@@ -253,21 +253,21 @@ def test_ray_filter_tasks_cap_the_tokenizer_thread_pool(inputs, tmp_path, ray_se
 
     from codeparrot.data.record_work import ChunkWorker
     from codeparrot.data.ray_engine import _WORK_CPUS, _work
-    from codeparrot.data.ray_read import good_rows, parse_rows, read_unit
+    from codeparrot.data.ray_read import parse_lines, read_lines
 
     code_tokenizer.save_pretrained(tmp_path / "tok")
     cfg = _cfg(inputs, tmp_path / "out", "ray", tokenizer=str(tmp_path / "tok"))
-    batch = {"unit": [0], "path": [str(inputs[0])], "dataset_id": [""], "split": [""], "revision": [""],
-             "shard": [0], "num_shards": [1]}
-    table = good_rows(parse_rows(pa.concat_tables(list(read_unit(batch))), "content"))
+    unit = {"unit": 0, "path": str(inputs[0]), "dataset_id": "", "split": "", "revision": "", "shard": 0,
+            "num_shards": 1}
+    table = parse_lines(pa.concat_tables(list(read_lines(unit, 10_000))), "content")[1]
     winners = np.sort(table["id"].to_numpy())
 
     @ray.remote(num_cpus=_WORK_CPUS)
-    def task(table, worker, box):
+    def task(table, box):
         os.environ.pop("RAYON_NUM_THREADS", None)  # a fresh worker process, whatever ran in it before
-        reasons = _work(table, worker, box, cfg.num_perm, None)["reason"].to_pylist()
-        return os.environ.get("RAYON_NUM_THREADS"), reasons
+        summary, kept = _work(table, box, winners, cfg.num_perm, None)
+        return os.environ.get("RAYON_NUM_THREADS"), summary["reasons"], len(kept)
 
-    threads, reasons = ray.get(task.remote(table, ChunkWorker(cfg, None, None), [ray.put(winners)]))
+    threads, reasons, kept = ray.get(task.remote(table, [ray.put(ChunkWorker(cfg, None, None))]))
     assert threads == str(_WORK_CPUS) == "1"
-    assert len(reasons) == len(table) and reasons.count("") > len(table) // 2  # the filters (tokenizer one on) ran
+    assert kept + sum(reasons.values()) == len(table) and kept > len(table) // 2  # the filters (tokenizer one on) ran

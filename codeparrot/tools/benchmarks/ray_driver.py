@@ -1,8 +1,8 @@
 """Memory of the Ray engine's driver per input file, measured on synthetic numbers (no Ray needed): everything
 the driver holds from the read to the shard assignment, run with the engine's own functions on n files.
 
-Per file, the driver gets only fixed-size numbers (`codeparrot.data.ray_engine`): the ids and digests of the
-valid records (exact dedup), the kept files' id, digest, size, has-signature flag and copies, and, one block at a time,
+Per file, the driver gets only fixed-size numbers (`codeparrot.data.ray_engine`): each block's ids and digests
+(exact dedup, `ray_read.ExactDedup`: 8 bytes per distinct file stay), the kept files' id, digest, size, has-signature flag and copies, and, one block at a time,
 their signatures, which go to a memory-mapped file (page cache, not the driver's heap) for `find_clusters`;
 then, per clustered file, its entry of `duplicate_clusters.json` (repo_name, path, input location).
 The figure is the slope of tracemalloc's peak between two sizes, so fixed buffers do not count as per-file
@@ -20,7 +20,6 @@ import numpy as np
 
 from codeparrot.data import distributed_clustering as dc
 from codeparrot.data.cluster_report import clusters_report, member_entry, near_duplicates_to_drop
-from codeparrot.data.exact_dedup import first_ids
 from codeparrot.data.lsh import find_clusters
 from codeparrot.tools.benchmarks.common import BenchRow
 from codeparrot.tools.benchmarks.near_dedup import synthetic_signatures
@@ -48,10 +47,23 @@ def _synthetic_stars(kept_ids: np.ndarray, rng: np.random.Generator) -> np.ndarr
     return stars
 
 
+def _digest(rows: np.ndarray) -> np.ndarray:
+    """A distinct pseudo-random uint64 per file number (splitmix64's finalizer): the same number, the same digest."""
+    x = rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    return x
+
+
 def _driver_peak(n: int, folder: Path, clustering: str = "driver") -> tuple[int, float]:
     """(tracemalloc peak bytes, seconds) of the driver's steps for n valid records; `clustering` as
     `--ray-clustering` (distributed: no signatures nor LSH index on the driver, only the clusters' edges)."""
+    from codeparrot.data.licenses import LicenseFilter
+    from codeparrot.data.preprocess_stats import Totals
     from codeparrot.data.ray_engine import _concat_sorted, _valid_split
+    from codeparrot.data.ray_read import ExactDedup, read_units
+    from codeparrot.data.records import BadRecords
 
     rng = np.random.default_rng(n)
     # built before the measurement (>= the survivors)
@@ -60,20 +72,22 @@ def _driver_peak(n: int, folder: Path, clustering: str = "driver") -> tuple[int,
     tracemalloc.start()
     start = time.perf_counter()
     try:
-        # replay_bad: (id, digest) of every valid record, 16 bytes each; exact dedup on them
-        ids = np.arange(n, dtype=np.int64)
-        digests = rng.integers(0, 2**63, size=n, dtype=np.uint64)
-        copies = rng.random(n) < DUPLICATES
-        digests[copies] = digests[rng.integers(0, n, size=int(copies.sum()))]
-        winners = first_ids(digests, ids)
-        del ids, digests
-        # block summaries of the kept files (all winners kept here: the worst case)
-        parts = [{"id": winners[i:i + BLOCK], "digest": rng.integers(0, 2**63, size=len(winners[i:i + BLOCK]),
-                                                                     dtype=np.uint64),
-                  "nbytes": np.full(len(winners[i:i + BLOCK]), 5000, np.int64),
-                  "has_sig": np.ones(len(winners[i:i + BLOCK]), bool),
-                  "copies": rng.integers(1, 100, size=len(winners[i:i + BLOCK]), dtype=np.int64)}
-                 for i in range(0, len(winners), BLOCK)]
+        # exact dedup as the engine's driver does it, each block's numbers in input order (`ExactDedup`); then
+        # the block summaries of the kept files (all winners kept here: the worst case)
+        dedup = ExactDedup([folder / "in.jsonl"], read_units([folder / "in.jsonl"]), BadRecords(), Totals(),
+                           LicenseFilter("all"))
+        parts = []
+        for first in range(0, n, BLOCK):
+            rows = np.arange(first, min(first + BLOCK, n), dtype=np.int64)
+            copies = rng.random(len(rows)) < DUPLICATES  # a copy of a random earlier file
+            source = np.where(copies, (rng.random(len(rows)) * rows).astype(np.int64), rows)
+            empty = np.full(len(rows), "", dtype=object)
+            winners = dedup.winners_of({"id": rows + 1, "bad": empty, "detail": empty, "digest": _digest(source),
+                                        "nbytes": np.full(len(rows), 5000, np.int64), "license": empty})
+            del rows, copies, source, empty
+            parts.append({"id": winners, "digest": rng.integers(0, 2**63, size=len(winners), dtype=np.uint64),
+                          "nbytes": np.full(len(winners), 5000, np.int64), "has_sig": np.ones(len(winners), bool),
+                          "copies": rng.integers(1, 100, size=len(winners), dtype=np.int64)})
         kept = _concat_sorted(parts)
         del parts
         m = len(kept["id"])
