@@ -10,10 +10,13 @@ blocks, workers, nodes or task finishing order. Every record carries a stable id
 
 Stages (the driver only sees fixed-size per-record numbers, never file contents; no group-by shuffle). Pass 1
 streams: no stage waits for the whole input, so reading, parsing and filtering overlap on every core.
-1. read (`ray_read.read_lines`: a streaming-generator task per input file or Hub split shard, one per 8 CPUs at
-   once, in input order) yields blocks of lines; a parse task per block (`ray_read.parse_lines`) returns the
+1. read (`ray_read.read_lines`: a streaming-generator task per read group, i.e. a Hub split shard or a run of
+   consecutive input files up to ~32 MiB of lines; one per 8 CPUs at once, in input order, reserving no CPU)
+   yields blocks of `ray_block_records` lines; a parse task per block (`ray_read.parse_lines`) returns the
    block's numbers (id, bad-line reason, size, digest, license: no text) and its valid records (id, digest,
-   size, copies, text, raw line), which stay in the object store (it spills to disk).
+   size, copies, text, raw line), which wait in the object store for their filter task. At most
+   `_BLOCKS_PER_CPU` blocks per CPU are parsed and not yet filtered; a reader more than `_READ_AHEAD` blocks
+   ahead pauses, so the object store holds a window of the input, not all of it.
 2. license filter + exact dedup (driver, `ray_read.ExactDedup`): the blocks' numbers in input order; bad lines
    replayed through the local policy as they come (same counts, first examples, --strict error), license values
    counted and dropped before exact dedup as on the local engine, and the first occurrence of each digest wins
@@ -75,7 +78,7 @@ from codeparrot.data.record_work import ChunkWorker, count_decisions, count_reda
 from codeparrot.data.ray_blocks import TASK_CPUS, kept_rows, ray_task, rows_with_ids, signature_matrix
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
 from codeparrot.data.ray_clustering import distributed_clusters
-from codeparrot.data.ray_read import ExactDedup, Locations, parse_lines, read_lines, read_units
+from codeparrot.data.ray_read import ExactDedup, Locations, parse_lines, read_groups, read_lines, read_units
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
 from codeparrot.errors import CodeParrotError
@@ -85,7 +88,9 @@ SPLITS = ("train", "valid")
 _KEPT_COLUMNS = {"id": np.int64, "digest": np.uint64, "nbytes": np.int64, "has_sig": bool, "copies": np.int64}
 _WORK_CPUS = TASK_CPUS  # per filter/MinHash task: its tokenizer pool gets as many threads (`ray_blocks`)
 _WORK_STAGES = ("filters", "encoded_data", "decontaminate", "redact_secrets", "minhash")  # ChunkWorker's CPU seconds
-_READERS_PER_CPUS = 8  # read tasks at once: one per 8 CPUs (a reader feeds several parse and filter tasks)
+_CPUS_PER_READER = 8  # read tasks at once: one per 8 CPUs (a reader feeds several parse and filter tasks)
+_READ_AHEAD = 4  # blocks a read task yields ahead of the driver before it pauses
+_BLOCKS_PER_CPU = 4  # blocks parsed and not yet filtered at once, per CPU (the object store's working set)
 _PARTITION_BYTES = 256 << 20  # band keys per clustering partition at most (--ray-clustering distributed)
 FAULT_MARKER_ENV = "CODEPARROT_RAY_FAULT_MARKER"  # tests: the first work task SIGKILLs its worker once
 
@@ -245,30 +250,14 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     totals, bad = Totals(), BadRecords(strict=cfg.strict)
     units = read_units(paths)  # input files and Hub split shards, in input order (see `ray_read`)
     dedup = ExactDedup(paths, units, bad, totals, worker.license_filter)
-    pending = _one_line_errors(lambda: _read_and_filter(cfg, units, worker, dedup))
+    # pass 1: the kept rows of every block that kept a file, each block's kept id range (where the shard tasks
+    # look), and the kept files' (id, digest, size, has signature, copies); the decisions are counted in totals
+    blocks, ranges, kept_parts = _one_line_errors(lambda: _read_and_filter(cfg, units, worker, dedup))
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"
         raise CodeParrotError(f"no valid records in {len(paths)} input file(s): {problems}")
     winners = dedup.winners
     totals.exact_duplicates = totals.valid_records - sum(totals.licenses.by_reason.values()) - winners
-
-    # Decisions of the winners, block by block: counts by reason, redactions by kind, and the kept files' (id,
-    # digest, size, has signature, copies). The kept rows stay where they are; each block's kept id range tells
-    # the shard tasks where to look.
-    blocks, kept_parts, ranges = [], [], []
-    with _bar(cfg, "filters + MinHash", winners) as progress:
-        for summary_ref, block in pending:
-            summary = _one_line_errors(lambda: ray.get(summary_ref))
-            for stage in _WORK_STAGES:
-                totals.seconds[stage] += summary["cpu"][stage]
-            count_decisions(totals, summary["reasons"].items())
-            count_redactions(totals, summary["redacted"], summary["files_redacted"])
-            ids = summary["kept"]["id"]
-            progress.update(len(ids) + sum(summary["reasons"].values()))
-            if len(ids):  # a block of which nothing was kept is not needed again
-                blocks.append(block)
-                kept_parts.append(summary["kept"])
-                ranges.append((int(ids.min()), int(ids.max())))
     kept = _concat_sorted(kept_parts)
     totals.files["filters"] = winners
     totals.files["encoded_data"] = winners - sum(totals.filtered.values())
@@ -325,65 +314,129 @@ def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
     return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
 
 
-def _feed_blocks(cfg: PreprocessConfig, units: list[dict], out: queue.Queue, stop: threading.Event) -> None:
-    """Driver thread: a read task per unit (`ray_read.read_lines`, a streaming generator; `_READERS_PER_CPUS`
-    at once, started in input order) and a parse task per block of lines as soon as it is read. Puts, in input
-    order, ("block", numbers ref, records ref) per block and ("unit", u) after each unit's last block; then
-    None. An error (a unit that cannot be read) goes on `out` as itself."""
+def _feed_blocks(cfg: PreprocessConfig, units: list[dict], out: queue.Queue, in_flight: threading.Semaphore,
+                 stop: threading.Event) -> None:
+    """Driver thread: a read task per read group (`ray_read.read_groups`; `read_lines`, a streaming generator;
+    one per `_CPUS_PER_READER` CPUs at once, started in input order) and a parse task per block of lines as it
+    is read, once `in_flight` has room (blocks parsed and not yet filtered: the driver releases one per block it
+    is done with). Puts, in input order, ("block", numbers ref, records ref) per block and ("units", [u, ...])
+    after each group's last block; then None. A read error reaches the driver through its parse task's numbers;
+    an error of this thread itself goes on `out` as itself. On `stop`, the read tasks still running are cancelled."""
     import ray
 
+    generators = []
     try:
-        read, parse = ray_task(read_lines, "streaming"), ray_task(parse_lines, 2)
-        readers = max(1, int(ray.cluster_resources().get("CPU", 1)) // _READERS_PER_CPUS)
-        started = deque(read.remote(unit, cfg.ray_block_records) for unit in units[:readers])
-        for u in range(len(units)):
-            for lines in started.popleft():
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        # Readers reserve no CPU (like the local engine's reading main process): a reader paused because the
+        # filters are behind (`_READ_AHEAD` blocks not taken) must not hold a core the filters need.
+        read = ray_task(read_lines, "streaming").options(num_cpus=0, _generator_backpressure_num_objects=_READ_AHEAD)
+        parse = ray_task(parse_lines, 2)
+        groups = read_groups(units)
+        readers = max(1, cpus // _CPUS_PER_READER)
+        generators = [read.remote(group, cfg.ray_block_records) for group in groups[:readers]]
+        for g, group in enumerate(groups):
+            for lines in generators[g]:
+                while not in_flight.acquire(timeout=0.2):
+                    if stop.is_set():
+                        return
                 if stop.is_set():
                     return
                 out.put(("block", *parse.remote(lines, cfg.text_column)))
-            out.put(("unit", u))
-            if u + readers < len(units):
-                started.append(read.remote(units[u + readers], cfg.ray_block_records))
+            out.put(("units", [int(unit["unit"]) for unit in group]))
+            generators[g] = None  # finished: nothing to cancel
+            if g + readers < len(groups):
+                generators.append(read.remote(groups[g + readers], cfg.ray_block_records))
         out.put(None)
     except BaseException as err:  # noqa: BLE001 - handed to the driver's thread, which raises it
         out.put(err)
+    finally:
+        if stop.is_set():
+            for generator in generators:
+                if generator is not None:
+                    ray.cancel(generator)
 
 
-def _read_and_filter(cfg: PreprocessConfig, units: list[dict], worker: ChunkWorker, dedup: ExactDedup) -> list:
-    """Pass 1, streaming: blocks are read and parsed by Ray tasks while the driver, taking their numbers in
-    input order, counts bad lines and decides exact duplicates (`ExactDedup`), and sends each block's winners to
-    a filter/MinHash task (`_work`) at once: reading, parsing and filtering overlap, and no stage waits for the
-    whole input. Returns the (summary, kept rows) refs of the filter tasks, in input order."""
+def _read_and_filter(cfg: PreprocessConfig, units: list[dict], worker: ChunkWorker,
+                     dedup: ExactDedup) -> tuple[list, list[tuple[int, int]], list[dict]]:
+    """Pass 1, streaming: blocks are read and parsed by Ray tasks while the driver takes their numbers in input
+    order, counts bad lines and decides exact duplicates (`ExactDedup`), and sends each block's winners to a
+    filter/MinHash task (`_work`) at once; reading, parsing and filtering overlap, no stage waits for the whole
+    input, and at most `_BLOCKS_PER_CPU` blocks per CPU are parsed and not yet filtered (the object store holds
+    a bounded window, not the input). The filter tasks' summaries are counted in input order as they finish,
+    so a failing task stops the run at once. Returns the kept rows of the blocks that kept files, their kept id
+    ranges and the kept files' numbers, in input order; on an error, every task still running is cancelled."""
     import ray
 
     work = ray_task(_work, 2)
     worker_box = [ray.put(worker)]  # fetched once per worker process (`_shared`)
     marker = os.environ.get(FAULT_MARKER_ENV)
-    blocks: queue.Queue = queue.Queue()
+    totals = dedup.totals
+    in_flight = threading.Semaphore(max(4, _BLOCKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1))))
+    feed: queue.Queue = queue.Queue()
     stop = threading.Event()
-    threading.Thread(target=_feed_blocks, args=(cfg, units, blocks, stop), daemon=True, name="ray-read").start()
-    pending = []
-    seconds = 0.0
+    feeder = threading.Thread(target=_feed_blocks, args=(cfg, units, feed, in_flight, stop), daemon=True,
+                              name="ray-read")
+    feeder.start()
+    pending: deque = deque()  # (summary ref, kept rows ref) of the filter tasks not yet counted, in input order
+    blocks, ranges, kept_parts = [], [], []
+    seconds, filtered = 0.0, 0
+
+    def count(summary_ref, block) -> None:  # the oldest filter task's summary, in input order
+        nonlocal filtered
+        summary = ray.get(summary_ref)
+        in_flight.release()
+        for stage in _WORK_STAGES:
+            totals.seconds[stage] += summary["cpu"][stage]
+        count_decisions(totals, summary["reasons"].items())
+        count_redactions(totals, summary["redacted"], summary["files_redacted"])
+        ids = summary["kept"]["id"]
+        filtered += len(ids) + sum(summary["reasons"].values())
+        if len(ids):  # a block of which nothing was kept is not needed again
+            blocks.append(block)
+            kept_parts.append(summary["kept"])
+            ranges.append((int(ids.min()), int(ids.max())))
+
     try:
-        with _bar(cfg, "read + exact dedup") as progress:
-            while (item := blocks.get()) is not None:
-                if isinstance(item, BaseException):
+        with _bar(cfg, "read, exact dedup, filters") as progress:
+            fed = False  # the feed's last block was taken
+            while not fed or pending:
+                if pending and ray.wait([pending[0][0]], timeout=0 if not fed else None)[0]:
+                    count(*pending.popleft())  # the oldest filter task finished: counted in input order
+                    progress.set_postfix(filtered=filtered, refresh=False)
+                    continue
+                if fed:
+                    continue
+                try:  # the next block; while filter tasks run, look at them again every 50 ms
+                    item = feed.get(timeout=0.05 if pending else None)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    fed = True
+                elif isinstance(item, BaseException):
                     raise item
-                t = time.perf_counter()
-                if item[0] == "unit":
-                    dedup.unit_done(item[1])
+                elif item[0] == "units":
+                    for unit in item[1]:
+                        dedup.unit_done(unit)
                 else:
                     numbers = ray.get(item[1])
                     t = time.perf_counter()
                     winners = dedup.winners_of(numbers)
                     if len(winners):
                         pending.append(tuple(work.remote(item[2], worker_box, winners, cfg.num_perm, marker)))
+                    else:
+                        in_flight.release()
+                    seconds += time.perf_counter() - t
                     progress.update(len(numbers["id"]))
-                seconds += time.perf_counter() - t
+    except BaseException:
+        stop.set()
+        for summary_ref, _ in pending:  # nothing of a failed run is needed: free the cores
+            ray.cancel(summary_ref)
+        raise
     finally:
         stop.set()
-    dedup.totals.seconds["exact_dedup"] = seconds
-    return pending
+        feeder.join(timeout=10)
+    totals.seconds["exact_dedup"] = seconds
+    return blocks, ranges, kept_parts
 
 
 def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ whole split).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from codeparrot.data.records import BadRecords, Location, iter_lines, parse_line
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
 _BLOCK_BYTES = 16 << 20  # a read block closes at this many bytes of lines (bounded task memory)
+_GROUP_BYTES = 32 << 20  # consecutive small input files share a read task up to about this many bytes of lines
 
 
 def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
@@ -44,43 +46,76 @@ def read_units(paths: list[Path | HubInput]) -> list[dict[str, Any]]:
     return [{"unit": u, **unit} for u, unit in enumerate(units)]
 
 
-def read_lines(unit: dict[str, Any], block_records: int) -> Iterator[Any]:
-    """Ray streaming-generator task: the lines of one read unit, in order, in blocks of at most `block_records`
-    lines and about `_BLOCK_BYTES` bytes: a pyarrow table of (id, raw line, "", "") per line, and a row with its
-    reason and detail per damaged or empty file. Only decompression and line splitting happen here (a unit is
-    read by one task); parsing is `parse_lines`, in parallel tasks."""
+def read_groups(units: list[dict[str, Any]], group_bytes: int = _GROUP_BYTES) -> list[list[dict[str, Any]]]:
+    """The units split into read groups, in input order: consecutive local files together up to about
+    `group_bytes` of lines (a gzip file counts 4x its size), so that many small files do not each cost a read,
+    a parse and a filter task; each Hub shard is a group of its own."""
+    groups: list[list[dict[str, Any]]] = []
+    size = group_bytes
+    for unit in units:
+        if not unit["path"]:
+            groups.append([unit])
+            size = group_bytes
+            continue
+        try:
+            estimate = os.path.getsize(unit["path"]) * (4 if unit["path"].endswith(".gz") else 1)
+        except OSError:  # unreadable: its read task reports it as the local engine does
+            estimate = 0
+        if size + estimate > group_bytes or not groups or not groups[-1][0]["path"]:
+            groups.append([])
+            size = 0
+        groups[-1].append(unit)
+        size += estimate
+    return groups
+
+
+def read_lines(units: list[dict[str, Any]], block_records: int) -> Iterator[Any]:
+    """Ray streaming-generator task: the lines of a read group (`read_groups`), in order, in blocks of at most
+    `block_records` lines and about `_BLOCK_BYTES` bytes (a block may span the group's files): a pyarrow table of
+    (id, raw line, "", "") per line, and a row with its reason and detail per damaged or empty file. Only
+    decompression and line splitting happen here; parsing is `parse_lines`, in parallel tasks. A unit that fails
+    mid-stream (a Hub shard) first yields the lines read before the failure, as the local engine has seen them."""
     import pyarrow as pa
 
     rows: list[tuple] = []
+    unit_id = 0
 
     class Recorder(BadRecords):  # the local file-level policy, with each event kept for the driver to replay
         def add(self, reason: str, where: Location, detail: str = "") -> None:
-            rows.append((int(where.line), b"", reason, detail))
+            rows.append((unit_id, int(where.line), b"", reason, detail))
 
-    if unit["path"]:
-        lines = iter_lines([Path(unit["path"])], Recorder())
-    else:
-        hub = HubInput(unit["dataset_id"], unit["split"], unit["revision"] or None)
-        n = int(unit["num_shards"])
-        lines = iter_hub_lines(hub, int(unit["shard"]) if n > 1 else None, n)
     size = 0
-    for line, where in lines:
-        rows.append((where.line, line, "", ""))
-        size += len(line)
-        if len(rows) >= block_records or size >= _BLOCK_BYTES:
-            yield _lines_table(pa, int(unit["unit"]), rows)
-            rows, size = [], 0
+    try:
+        for unit in units:
+            unit_id = int(unit["unit"])
+            if unit["path"]:
+                lines = iter_lines([Path(unit["path"])], Recorder())
+            else:
+                hub = HubInput(unit["dataset_id"], unit["split"], unit["revision"] or None)
+                n = int(unit["num_shards"])
+                lines = iter_hub_lines(hub, int(unit["shard"]) if n > 1 else None, n)
+            for line, where in lines:
+                rows.append((unit_id, where.line, line, "", ""))
+                size += len(line)
+                if len(rows) >= block_records or size >= _BLOCK_BYTES:
+                    yield _lines_table(pa, rows)
+                    rows, size = [], 0
+    except BaseException:
+        if rows:
+            yield _lines_table(pa, rows)
+        raise
     if rows:
-        yield _lines_table(pa, int(unit["unit"]), rows)
+        yield _lines_table(pa, rows)
 
 
-def _lines_table(pa, unit: int, rows: list[tuple]):
+def _lines_table(pa, rows: list[tuple]):
     cols = list(zip(*rows))
     return pa.table({
-        "id": pa.array((unit << LINE_BITS) + np.array(cols[0], dtype=np.int64), pa.int64()),
-        "raw": pa.array(cols[1], pa.large_binary()),
-        "bad": pa.array(cols[2], pa.string()),  # "" for a line, else the file-level reason
-        "detail": pa.array(cols[3], pa.string()),
+        "id": pa.array((np.array(cols[0], dtype=np.int64) << LINE_BITS) + np.array(cols[1], dtype=np.int64),
+                       pa.int64()),
+        "raw": pa.array(cols[2], pa.large_binary()),
+        "bad": pa.array(cols[3], pa.string()),  # "" for a line, else the file-level reason
+        "detail": pa.array(cols[4], pa.string()),
     })
 
 
@@ -165,7 +200,9 @@ class ExactDedup:
         ids = numbers["id"]
         if not len(ids):
             return ids
-        self.locate.add_rows(int(ids[0] >> LINE_BITS), len(ids))  # a block holds the rows of one unit
+        found, counts = np.unique(ids >> LINE_BITS, return_counts=True)  # a block may span a group's units
+        for unit, rows in zip(found.tolist(), counts.tolist()):  # in input order: earlier units are complete
+            self.locate.add_rows(unit, rows)
         is_bad = numbers["bad"] != ""
         for i in np.flatnonzero(is_bad).tolist():
             self.bad.add(numbers["bad"][i], self.locate(int(ids[i])), numbers["detail"][i])

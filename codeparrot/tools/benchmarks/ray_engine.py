@@ -128,7 +128,9 @@ def rows(quick: bool = False) -> list[BenchRow]:
             ratios = sorted(loc / ray for loc, ray in zip(walls["local"], walls[label]))
             out.append(BenchRow(f"preprocess --engine ray / local, 2 CPUs each, {what} ({name})", "ratio",
                                 _median(ratios), ratios[0], ratios[-1], repeats,
-                                "local engine's seconds over the Ray engine's, each pair run back to back"))
+                                "local engine's seconds over the Ray engine's, both from the same repeat (local, "
+                                "running Ray, own Ray run one after the other); `import ray` (once per process, "
+                                "about 0.7 s) is in neither"))
     return out + ray_driver.rows(quick)
 
 
