@@ -99,12 +99,3 @@ class DigestSet:
             merged.sort(kind="stable")  # radix sort for integers
             self._runs.append(merged)
 
-
-def first_ids(digests: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The smallest id of each distinct digest, sorted (uint64 digests[n], int64 ids[n], any order): with ids
-    in input order, the first occurrences, whatever order the records arrived in."""
-    order = np.lexsort((ids, digests))  # by digest, then id
-    sorted_digests = digests[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = sorted_digests[1:] != sorted_digests[:-1]
-    return np.sort(ids[order[first]])

@@ -61,18 +61,3 @@ def test_first_occurrence_in_input_order_wins_within_a_batch():
     assert digests.add_batch([7, 3, 7, 3, 9]).tolist() == [True, True, False, False, True]
     assert digests.add_batch([9, 1, 1]).tolist() == [False, True, False]
     assert digests.add_batch([]).tolist() == []
-
-
-def test_first_ids_is_the_smallest_id_of_each_digest_whatever_the_arrival_order():
-    """The Ray engine's exact dedup: records arrive block by block in any order; the winner of each digest is
-    its smallest id (first in input order), as a brute-force dict finds it."""
-    from codeparrot.data.exact_dedup import first_ids
-
-    rng = np.random.default_rng(0)
-    ids = rng.permutation(5000).astype(np.int64) * 3 + 7
-    digests = rng.integers(0, 400, size=5000).astype(np.uint64) * np.uint64(2**53 + 1)  # many collisions
-    best: dict[int, int] = {}
-    for d, i in zip(digests.tolist(), ids.tolist()):
-        best[d] = min(best.get(d, i), i)
-    assert first_ids(digests, ids).tolist() == sorted(best.values())
-    assert first_ids(np.zeros(0, np.uint64), np.zeros(0, np.int64)).tolist() == []
