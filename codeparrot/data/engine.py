@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tqdm import tqdm
+
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.record_work import ChunkWorker
@@ -47,6 +49,11 @@ class Engine(Protocol):
 
 
 ENGINES = {"local": "codeparrot.data.local_engine", "ray": "codeparrot.data.ray_engine"}  # --engine -> module
+
+
+def progress_bar(cfg: PreprocessConfig, desc: str, total: int | None = None) -> tqdm:
+    """A bar over files with its rate; shown when stderr is a terminal, unless `--no-progress` (or forced on)."""
+    return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
 
 
 def engine_for(name: str) -> Engine:

@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
-from codeparrot.data.engine import EngineJob, EngineOutput
+from codeparrot.data.engine import EngineJob, EngineOutput, progress_bar
 from codeparrot.data.exact_dedup import DigestSet, digest_of_stripped, strip_whitespace
 from codeparrot.data.hub_input import HubInput, iter_input_records
 from codeparrot.data.licenses import LicenseFilter
@@ -85,11 +84,6 @@ class _Done:
 
 
 # --- main side ----------------------------------------------------------------------------------------------
-
-def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
-
-    return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
-
 
 class _Sink:
     """Where pass 1 puts survivors: straight into the train/valid shards, or into the near-dedup spool."""
@@ -148,7 +142,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
     file_index = {str(p): i for i, p in enumerate(paths)}
     pending: deque = deque()  # (chunk, first-occurrence positions, digests, async result), in input order
     window = 2 * max(cfg.num_workers, 1) + 1  # chunks in flight: keeps every worker busy, bounds memory
-    bar, start = _bar(cfg, "preprocess"), time.perf_counter()
+    bar, start = progress_bar(cfg, "preprocess"), time.perf_counter()
     watchdog = records_watchdog(cfg.stall_minutes, Path(cfg.output_dir), pending)  # codeparrot/data/stall.py
 
     def finish_oldest() -> None:
@@ -238,7 +232,7 @@ def _near_dedup_pass(cfg: PreprocessConfig, sink: _Sink, paths: list[Path | HubI
     drop = near_duplicates_to_drop(clusters, n, copies, cfg.near_dedup_keep)
     members: dict[int, dict | None] = {int(r): None for c in clusters for r in c}
     t = time.thread_time()
-    bar = _bar(cfg, "write", total=n)
+    bar = progress_bar(cfg, "write", total=n)
     with open(sink.spool_path, "rb") as spool:
         for row, line in enumerate(spool):
             line = line[:-1]  # every spool line ends with "\n"

@@ -65,11 +65,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.data.cluster_report import clusters_report, member_entry, member_fields, near_duplicates_to_drop
-from codeparrot.data.engine import EngineJob, EngineOutput
+from codeparrot.data.engine import EngineJob, EngineOutput, progress_bar
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.lsh import banding, find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
@@ -144,13 +143,12 @@ def _work(records, worker_box: list, winners: np.ndarray, num_perm: int, fault_m
                 summary["redacted"].update(redaction[1])  # counts by kind, never the values
         raw = pa.array(lines, pa.large_binary())
     has_sig = np.zeros(len(table), dtype=bool)
-    offsets = np.arange(len(table) + 1, dtype=np.int32) * num_perm  # num_perm values per kept row
     values = np.zeros(0, dtype=np.uint32)
     if sigs is not None:
         has_sig[:] = valid
         values = np.ascontiguousarray(sigs, dtype=np.uint32).reshape(-1)
-    else:
-        offsets[:] = 0
+    # num_perm values per kept row; empty lists without near dedup
+    offsets = np.arange(len(table) + 1, dtype=np.int32) * (num_perm if sigs is not None else 0)
     summary["kept"] = {"id": table["id"].to_numpy(), "digest": table["digest"].to_numpy(), "nbytes": nbytes,
                        "has_sig": has_sig, "copies": table["copies"].to_numpy()}
     return summary, pa.table({
@@ -310,12 +308,8 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorke
     return EngineOutput(stats, infos)
 
 
-def _bar(cfg: PreprocessConfig, desc: str, total: int | None = None):
-    return tqdm(total=total, unit=" files", desc=desc, disable=None if cfg.progress is None else not cfg.progress)
-
-
-def _feed_blocks(cfg: PreprocessConfig, units: list[dict], out: queue.Queue, in_flight: threading.Semaphore,
-                 stop: threading.Event) -> None:
+def _feed_blocks(cfg: PreprocessConfig, units: list[dict], cpus: int, out: queue.Queue,
+                 in_flight: threading.Semaphore, stop: threading.Event) -> None:
     """Driver thread: a read task per read group (`ray_read.read_groups`; `read_lines`, a streaming generator;
     one per `_CPUS_PER_READER` CPUs at once, started in input order) and a parse task per block of lines as it
     is read, once `in_flight` has room (blocks parsed and not yet filtered: the driver releases one per block it
@@ -326,7 +320,6 @@ def _feed_blocks(cfg: PreprocessConfig, units: list[dict], out: queue.Queue, in_
 
     generators = []
     try:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
         # Readers reserve no CPU (like the local engine's reading main process): a reader paused because the
         # filters are behind (`_READ_AHEAD` blocks not taken) must not hold a core the filters need.
         read = ray_task(read_lines, "streaming").options(num_cpus=0, _generator_backpressure_num_objects=_READ_AHEAD)
@@ -371,10 +364,11 @@ def _read_and_filter(cfg: PreprocessConfig, units: list[dict], worker: ChunkWork
     worker_box = [ray.put(worker)]  # fetched once per worker process (`_shared`)
     marker = os.environ.get(FAULT_MARKER_ENV)
     totals = dedup.totals
-    in_flight = threading.Semaphore(max(4, _BLOCKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1))))
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    in_flight = threading.Semaphore(max(4, _BLOCKS_PER_CPU * cpus))
     feed: queue.Queue = queue.Queue()
     stop = threading.Event()
-    feeder = threading.Thread(target=_feed_blocks, args=(cfg, units, feed, in_flight, stop), daemon=True,
+    feeder = threading.Thread(target=_feed_blocks, args=(cfg, units, cpus, feed, in_flight, stop), daemon=True,
                               name="ray-read")
     feeder.start()
     pending: deque = deque()  # (summary ref, kept rows ref) of the filter tasks not yet counted, in input order
@@ -397,7 +391,7 @@ def _read_and_filter(cfg: PreprocessConfig, units: list[dict], worker: ChunkWork
             ranges.append((int(ids.min()), int(ids.max())))
 
     try:
-        with _bar(cfg, "read, exact dedup, filters") as progress:
+        with progress_bar(cfg, "read, exact dedup, filters") as progress:
             fed = False  # the feed's last block was taken
             while not fed or pending:
                 if pending and ray.wait([pending[0][0]], timeout=0 if not fed else None)[0]:

@@ -258,13 +258,11 @@ def test_ray_filter_tasks_cap_the_tokenizer_thread_pool(inputs, tmp_path, ray_se
 
     from codeparrot.data.record_work import ChunkWorker
     from codeparrot.data.ray_engine import _WORK_CPUS, _work
-    from codeparrot.data.ray_read import parse_lines, read_lines
+    from codeparrot.data.ray_read import parse_lines, read_lines, read_units
 
     code_tokenizer.save_pretrained(tmp_path / "tok")
     cfg = _cfg(inputs, tmp_path / "out", "ray", tokenizer=str(tmp_path / "tok"))
-    unit = {"unit": 0, "path": str(inputs[0]), "dataset_id": "", "split": "", "revision": "", "shard": 0,
-            "num_shards": 1}
-    table = parse_lines(pa.concat_tables(list(read_lines([unit], 10_000))), "content")[1]
+    table = parse_lines(pa.concat_tables(list(read_lines(read_units(inputs[:1]), 10_000))), "content")[1]
     winners = np.sort(table["id"].to_numpy())
 
     @ray.remote(num_cpus=_WORK_CPUS)
