@@ -1,6 +1,6 @@
 """What the Ray engine (`ray_engine`) and its distributed clustering (`ray_clustering`) both do with the blocks
-of filter/MinHash results (pyarrow tables with `id`, `reason`, `has_sig` and `sig` columns): the Ray task
-wrapper, rows picked by id, and the signature column as a matrix."""
+of filter/MinHash results (pyarrow tables of the kept files: `id`, `raw`, `has_sig` and `sig` columns): the Ray
+task wrapper, rows picked by id, and the signature column as a matrix."""
 
 from __future__ import annotations
 
@@ -29,13 +29,9 @@ def rows_with_ids(block, ids: np.ndarray):
     return block.filter(ids[pos] == mine) if len(ids) else block.slice(0, 0)
 
 
-def kept_rows(block, with_signature: bool = False):
-    """The rows of the files the filters kept (empty `reason`); `with_signature`: only those with a MinHash
-    signature (enough identifier tokens)."""
-    mine = np.asarray(block["reason"].to_numpy(zero_copy_only=False)) == ""
-    if with_signature:
-        mine &= block["has_sig"].to_numpy(zero_copy_only=False)
-    return block.filter(mine)
+def rows_with_signature(block):
+    """The rows of the kept files that have a MinHash signature (enough identifier tokens)."""
+    return block.filter(block["has_sig"])
 
 
 def signature_matrix(block, num_perm: int) -> np.ndarray:

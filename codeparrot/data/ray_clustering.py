@@ -20,7 +20,7 @@ import numpy as np
 
 from codeparrot.data import distributed_clustering as dc
 from codeparrot.data.lsh import banding
-from codeparrot.data.ray_blocks import kept_rows, ray_task, rows_with_ids, signature_matrix
+from codeparrot.data.ray_blocks import ray_task, rows_with_ids, rows_with_signature, signature_matrix
 from codeparrot.errors import CodeParrotError
 
 logger = logging.getLogger("codeparrot.data.near_dedup")
@@ -29,7 +29,7 @@ _MAX_ROUNDS = 200  # large-star/small-star needs O(log^2 n) rounds; far more mea
 
 def _block_band_keys(block, bands: int, rows: int, num_perm: int, partitions: int):
     """Step 1 on one block of filter/MinHash results: the band keys of its kept files with a signature."""
-    block = kept_rows(block, with_signature=True)
+    block = rows_with_signature(block)
     parts = dc.band_key_parts(block["id"].to_numpy(), signature_matrix(block, num_perm), bands, rows, partitions)
     return tuple(parts) if partitions > 1 else parts[0]
 

@@ -74,7 +74,7 @@ from codeparrot.data.lsh import banding, find_clusters
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, utf8_len, write_clusters
 from codeparrot.data.record_work import ChunkWorker, count_decisions, count_redactions, replace_text
-from codeparrot.data.ray_blocks import TASK_CPUS, kept_rows, ray_task, rows_with_ids, signature_matrix
+from codeparrot.data.ray_blocks import TASK_CPUS, ray_task, rows_with_ids, signature_matrix
 from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
 from codeparrot.data.ray_clustering import distributed_clusters
 from codeparrot.data.ray_read import ExactDedup, Locations, parse_lines, read_groups, read_lines, read_units
@@ -152,8 +152,8 @@ def _work(records, worker_box: list, winners: np.ndarray, num_perm: int, fault_m
     summary["kept"] = {"id": table["id"].to_numpy(), "digest": table["digest"].to_numpy(), "nbytes": nbytes,
                        "has_sig": has_sig, "copies": table["copies"].to_numpy()}
     return summary, pa.table({
-        "id": table["id"], "raw": raw, "reason": pa.array([""] * len(table), pa.string()),
-        "has_sig": pa.array(has_sig), "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
+        "id": table["id"], "raw": raw, "has_sig": pa.array(has_sig),
+        "sig": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32())),
     })
 
 
@@ -165,8 +165,7 @@ def _member_fields(block, ids: np.ndarray) -> dict[int, tuple]:
 
 
 def _block_signatures(block, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    """(kept ids, their signatures uint32[kept, num_perm]) of one block."""
-    block = kept_rows(block)
+    """(kept ids, their signatures uint32[kept, num_perm]) of one block (it holds only kept files)."""
     return block["id"].to_numpy(), signature_matrix(block, num_perm)
 
 

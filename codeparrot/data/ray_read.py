@@ -51,7 +51,7 @@ def read_groups(units: list[dict[str, Any]], group_bytes: int = _GROUP_BYTES) ->
     `group_bytes` of lines (a gzip file counts 4x its size), so that many small files do not each cost a read,
     a parse and a filter task; each Hub shard is a group of its own."""
     groups: list[list[dict[str, Any]]] = []
-    size = group_bytes
+    size = group_bytes  # of the open group of local files; group_bytes: none is open
     for unit in units:
         if not unit["path"]:
             groups.append([unit])
@@ -61,7 +61,7 @@ def read_groups(units: list[dict[str, Any]], group_bytes: int = _GROUP_BYTES) ->
             estimate = os.path.getsize(unit["path"]) * (4 if unit["path"].endswith(".gz") else 1)
         except OSError:  # unreadable: its read task reports it as the local engine does
             estimate = 0
-        if size + estimate > group_bytes or not groups or not groups[-1][0]["path"]:
+        if size + estimate > group_bytes:
             groups.append([])
             size = 0
         groups[-1].append(unit)
@@ -221,9 +221,9 @@ class ExactDedup:
         item = self.paths[self.units[unit]["input"]]
         last = unit + 1 == len(self.units) or self.units[unit + 1]["input"] != self.units[unit]["input"]
         if isinstance(item, HubInput) and last:
-            mine = [u["unit"] for u in self.units if u["input"] == self.units[unit]["input"]]
+            mine = np.flatnonzero(self.locate.input == self.locate.input[unit])  # the split's shards
             if not self.locate.rows[mine].sum():
-                self.bad.add("empty file", self.locate((mine[0] << LINE_BITS) + 1), "")
+                self.bad.add("empty file", self.locate((int(mine[0]) << LINE_BITS) + 1), "")
 
 
 def _license_allows(values: np.ndarray, licenses: LicenseFilter, totals: Totals) -> np.ndarray:
