@@ -121,11 +121,10 @@ def loader_tokens_per_s(dataset, n_batches: int) -> float:
 
 def rows(quick: bool = False) -> list[BenchRow]:
 
-    cpu_matmul_peak("float32", refresh=not quick)  # refresh keeps the best figure ever measured
+    fp32_peak = cpu_matmul_peak("float32", refresh=not quick)  # refresh keeps the best figure ever measured
     # A CPU without native bf16 (no AVX512-BF16/AMX) emulates bf16 matmuls, here at 1.3 GFLOP/s against 54 fp32:
     # 30 bf16 steps took 14 minutes and measured the emulation, not the recipe. Such a CPU gets no bf16 row.
     bf16_peak = None if quick else cpu_matmul_peak("bfloat16", refresh=True)
-    fp32_peak = None if quick else cpu_matmul_peak("float32")
     out: list[BenchRow] = []
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         root = Path(tmp)
