@@ -43,6 +43,8 @@ OLAH_VENV ?= .venv-olah
 DEMO_DIR ?= demo_output
 FRESH ?= 0
 APP_PORT ?= 7860
+# parallel test processes of `make test` (pytest-xdist); 0 runs the suite in one process
+TEST_WORKERS ?= 2
 # make gpu-data: the codeparrot-small repository and tokens the GPU commands use (GPU_DATA_SOURCES: source trees to
 # export instead of this virtualenv's site-packages)
 GPU_DATA ?= gpu_data
@@ -56,7 +58,7 @@ export TOKENIZERS_PARALLELISM ?= false
 help:
 	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH), CUDA=$(CUDA): cpu or cu126, cu128, ...)"
 	@echo "make demo      run the whole pipeline on the embedded default corpus into $(DEMO_DIR)/ (FRESH=1 redoes every stage)"
-	@echo "make test      run the test suite"
+	@echo "make test      run the test suite on TEST_WORKERS=$(TEST_WORKERS) processes (0: one), slowest tests last"
 	@echo "make bench     print the benchmark table (also written to bench/results.md)"
 	@echo "make gpu-check what the recipe gets on this GPU (scripts/gpu_check.py; results in gpu_check/)"
 	@echo "make gpu-data  build the codeparrot-small repository and tokens the GPU commands train on into $(GPU_DATA)/"
@@ -88,8 +90,11 @@ $(OLAH_VENV)/.installed:
 	@($(PYTHON) -m venv $(OLAH_VENV) && $(OLAH_VENV)/bin/pip install --quiet olah && touch $@) \
 		|| echo "warning: olah could not be installed; the Hub mirror test will be skipped"
 
+# The suite runs on TEST_WORKERS pytest-xdist processes (TEST_WORKERS=0: one process, as plain pytest);
+# --dist loadgroup keeps the tests of one xdist_group on one worker. The slowest tests are printed at the end.
 test: $(VENV)/.installed $(OLAH_VENV)/.installed
-	CODEPARROT_OLAH=$(if $(wildcard $(OLAH_VENV)/.installed),$(abspath $(OLAH_VENV))/bin/olah-cli,) $(PY) -m pytest -q tests
+	CODEPARROT_OLAH=$(if $(wildcard $(OLAH_VENV)/.installed),$(abspath $(OLAH_VENV))/bin/olah-cli,) \
+		$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) tests
 
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py --output-dir $(DEMO_DIR) $(if $(filter 1,$(FRESH)),--fresh,)

@@ -30,7 +30,11 @@ def _isolated_cache(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` are skipped on machines without CUDA."""
+    """Tests marked `slow` run first, so that with `make test`'s parallel workers (pytest-xdist) the long ones
+    start at once and the short ones fill the gaps, instead of one long test starting last and running alone;
+    the order within each kind is the collection order (the same on every worker, as xdist requires). Tests
+    marked `gpu` are skipped on machines without CUDA."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False (slow) first
     try:
         import torch
 

@@ -1,6 +1,6 @@
 """Who may use the app and what a request may read: the app's own data folder only, logins through Gradio.
 
-Threat model (README, "The web app"): whoever reaches the port can do everything the page can (load any
+Threat model (docs/app.md, "The web app"): whoever reaches the port can do everything the page can (load any
 checkpoint of the repository, run validation on the server's CPU/GPU, promote a checkpoint to `main`). So the
 app listens on loopback by default; a non-loopback `--host` needs `--auth USER:PASS` or `--auth-file FILE` (Gradio's
 own login: every page, API call and queue request then needs the session cookie), or an explicit

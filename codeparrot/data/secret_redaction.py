@@ -20,7 +20,7 @@ Only the secret part is replaced, inside its string literal, so redacted code st
 
 Why hand-written patterns and not detect-secrets (measured by codeparrot/tools/benchmarks/data_stages.py on a
 labelled sample of planted secrets and look-alikes in real stdlib code, `codeparrot.tools.secret_sample`; figures
-in the README): detect-secrets' line-by-line scan with all its plugins costs tens of times more per file and
+in docs/benchmarks.md): detect-secrets' line-by-line scan with all its plugins costs tens of times more per file and
 misses kinds of secret that ours finds, its entropy plugins flag hashes in tests and
 long identifiers, and it does not cover emails, private IPs vs public ones or Hugging Face tokens. The formats above
 follow the same vendors' documented prefixes its plugins use.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from codeparrot.config import REQUIRED, doc
 from codeparrot.errors import CodeParrotError
-from codeparrot.sandbox.client import SandboxConfig
+from codeparrot.sandbox.config import SandboxConfig
 
 GENERATION = "generation (with --model)"
 EXECUTION = "execution"

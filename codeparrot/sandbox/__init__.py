@@ -1,21 +1,23 @@
 """Running untrusted (model-generated) programs: each in its own locked-down process, many in parallel.
 
 Takes in: `Program`s (prompt + completion + test + entry point) and a `SandboxConfig`. Gives out: one result
-per program (passed / failed / timed out / error, with the reason). `client.py` is the harness side;
-`server.py` (the `python -I -S` worker and its zygote), `checker.py` (the trusted process that runs the
-test), `channel.py` (the plain-data pipe protocol between them), `child.py` (the program's process: the
-audit-hook guard, the candidate's call loop, the in-process fallback), `kernel.py` (namespaces, mounts),
-`seccomp.py` (the syscall allowlist), `cgroup.py` (the memory cgroup), `rootfs.py` (the minimal
-filesystem view), `verdict.py` (how a job ended) and `cleanup.py` run inside the sandbox and use only the
-standard library, so they stay importable on their own.
+per program (passed / failed / timed out / error, with the reason). `client.py` (the `Sandbox` pool), with
+`config.py`, `program.py`, `worker.py` (one worker process), `stale_roots.py` and `layers.py`, is the harness
+side; `server.py` (the `python -I -S` worker), `zygote.py` (the zygote, the watchdog, the program's process),
+`job.py` (one job, the server's side), `checker.py` (the trusted process that runs the test), `channel.py`
+(the plain-data pipe protocol between them), `child.py` (the program's process: the audit-hook guard, the
+candidate's call loop, the in-process fallback), `kernel.py` (namespaces, mounts), `seccomp.py` (the syscall
+allowlist), `cgroup.py` (the memory cgroup), `rootfs.py` (the minimal filesystem view), `verdict.py` (how a
+job ended) and `cleanup.py` run inside the sandbox and use only the standard library, so they stay
+importable on their own.
 
 Threat model. The attacker writes the completion, knows this source, and wants a pass it did not earn,
 the host's data or processes, or the host's resources. What is isolated, and by which layer:
 - the verdict: the test runs in a trusted checker process; the candidate answers over plain-data pipes
   (`checker.py`, `channel.py`). The answer key never enters the program's process: programs descend from
   a zygote forked before the first job, which never receives a test or any job's text, and read only their
-  own prompt and completion from a pipe (`server.py`). Frames, objects and memory pages of the program
-  hold neither its test nor earlier jobs. A test whose arguments cannot cross as plain data fails the
+  own prompt and completion from a pipe (`server.py`, `zygote.py`). Frames, objects and memory pages of the
+  program hold neither its test nor earlier jobs. A test whose arguments cannot cross as plain data fails the
   sample (a program could provoke that, and rerunning it in-process would hand it the test) unless
   `in_process_fallback=True`;
 - the kernel interface: a seccomp allowlist measured on pure-Python programs; everything else fails with
@@ -44,13 +46,9 @@ native code from the kernel interface, and running as root without a private uid
 `allow_root=True`.
 """
 
-from codeparrot.sandbox.client import (
-    ALLOW_ENV,
-    Program,
-    Sandbox,
-    SandboxConfig,
-    code_execution_allowed,
-    describe_layers,
-)
+from codeparrot.sandbox.client import Sandbox
+from codeparrot.sandbox.config import ALLOW_ENV, SandboxConfig, code_execution_allowed
+from codeparrot.sandbox.layers import describe_layers
+from codeparrot.sandbox.program import Program
 
 __all__ = ["ALLOW_ENV", "Program", "Sandbox", "SandboxConfig", "code_execution_allowed", "describe_layers"]

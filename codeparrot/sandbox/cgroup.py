@@ -5,10 +5,10 @@
 The harness (`client.py`, which still sees the host's /sys) creates one per worker below its own cgroup:
 cgroup v2 (`memory.max`, `memory.swap.max` 0) where the memory controller can be delegated there, else
 cgroup v1's memory controller (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` when swap is
-accounted). The worker (`server.py`) opens the group's `cgroup.procs` before it pivots away from /sys;
-each program writes itself into it before dropping privileges, so the program and everything it starts
-share `memory_mb`, whatever kind of memory they use; over it the kernel's OOM killer ends the program and
-the result says "memory limit (cgroup)".
+accounted). The worker (`server.py`) opens the group's `cgroup.procs` before it pivots away from /sys
+(`open_memory_group`); each program writes itself into it before dropping privileges, so the program and
+everything it starts share `memory_mb`, whatever kind of memory they use; over it the kernel's OOM killer
+ends the program and the result says "memory limit (cgroup)".
 
 Where neither is writable (no root, no delegation), `create` raises OSError with the reason, the layers
 line says so, and memory is bounded by `RLIMIT_AS`, the workspace size and the seccomp allowlist (no
@@ -146,3 +146,24 @@ def oom_kills(dir_fd: int, kind: str) -> int:
         if key == "oom_kill":
             return int(value)
     return 0
+
+
+# The worker's group, opened by `open_memory_group` (server.py's main): "procs": fd of its cgroup.procs, "dir": fd
+# of its folder, "kind": "v1"/"v2". Joined by the zygote, read for OOM kills after each job.
+MEMORY_GROUP = {}
+
+
+def open_memory_group(cfg: dict) -> str:
+    """Open the worker's memory cgroup (made by the harness) while /sys is still visible; "" or why not."""
+    path, kind = cfg.get("memory_cgroup") or (None, "not requested")
+    if path is None:
+        return kind
+    try:
+        MEMORY_GROUP["dir"] = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        MEMORY_GROUP["procs"] = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        MEMORY_GROUP["kind"] = kind
+        oom_kills(MEMORY_GROUP["dir"], kind)
+    except OSError as err:
+        MEMORY_GROUP.clear()
+        return f"cannot open {path} ({err})"
+    return ""

@@ -1,6 +1,6 @@
 """The trusted checker: runs the test's assertions in a process no program code ever runs in (stdlib only).
 
-Forked by `server.py` for each job, beside the program's process. It executes the prompt alone (the
+Forked by the worker (`job.py`) for each job, beside the program's process. It executes the prompt alone (the
 problem's own helpers, e.g. `poly`, `encode_cyclic`: trusted text) and the test in a fresh namespace of
 its own interpreter, then calls `check(candidate)` where `candidate` is a proxy: each call sends the
 arguments over the call pipe as plain data (`channel`), and the program's process (`child.serve_candidate`)

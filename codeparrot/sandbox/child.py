@@ -81,7 +81,7 @@ _PATH_EVENTS = {
     "os.chdir": ((0,), None), "shutil.rmtree": ((0,), 1), "shutil.move": ((0, 1), None),
     "shutil.copyfile": ((1,), None), "shutil.copytree": ((1,), None), "sqlite3.connect": ((0,), None),
 }
-# A fresh import of posix/_signal would bring back the functions server.py removed.
+# A fresh import of posix/_signal would bring back the functions zygote.py removed.
 _NO_IMPORT = frozenset({"_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels", "posix", "_signal"})
 
 

@@ -62,37 +62,30 @@ checker), not a new interpreter. See the package docstring for the threat model.
 Each Sandbox works in `$TMPDIR/codeparrot-sandbox-<pid>-*/`, holding an flock on its `owner.lock` while it
 lives. A harness killed with SIGKILL cannot remove it; the next Sandbox started by the same user removes
 every such folder whose lock nobody holds (and that is older than a minute: never one being created).
+
+This file is the `Sandbox` pool; beside it: `config.py` (`SandboxConfig`, the opt-in), `program.py` (`Program`,
+`ExecResult`), `worker.py` (one worker process and its frame protocol), `stale_roots.py` (the folders of dead
+harnesses) and `layers.py` (the layers line).
 """
 
 from __future__ import annotations
 
 import fcntl
-import marshal
 import os
-import pwd
-import random
-import select
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 import weakref
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from queue import Empty, Queue
 from typing import Callable, Sequence
 
-from codeparrot.errors import CodeParrotError
 from codeparrot.sandbox import cgroup
 from codeparrot.sandbox.cleanup import remove_tree
-
-SERVER = Path(__file__).with_name("server.py")
-ALLOW_ENV = "CODEPARROT_ALLOW_CODE_EXECUTION"
-STATUSES = ("passed", "failed", "timed out", "killed", "error")
-ROOT_PREFIX, OWNER_LOCK = "codeparrot-sandbox-", "owner.lock"
-STALE_AFTER_S = 60.0  # an unlocked folder younger than this may be one whose creator has not locked it yet
+from codeparrot.sandbox.config import SandboxConfig
+from codeparrot.sandbox.program import ExecResult, Program
+from codeparrot.sandbox.stale_roots import OWNER_LOCK, ROOT_PREFIX, remove_stale_roots
+from codeparrot.sandbox.worker import Worker, pick_uid_base
 
 
 def available_cpus() -> int:
@@ -100,254 +93,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-def code_execution_allowed(flag: bool = False) -> bool:
-    """Executing model-generated code needs an explicit opt-in: the flag or CODEPARROT_ALLOW_CODE_EXECUTION=1."""
-    return bool(flag) or os.environ.get(ALLOW_ENV, "") == "1"
-
-
-@dataclass
-class SandboxConfig:
-    timeout: float = 3.0  # wall-clock seconds per program (HumanEval's default)
-    memory_mb: int = 1024  # address-space limit per process
-    file_mb: int = 16  # largest file a program may write
-    max_processes: int = 16  # RLIMIT_NPROC for the private uid (threads count too)
-    max_open_files: int = 64
-    workspace_mb: int = 64  # size of the tmpfs workspace (mount-namespace mode)
-    namespaces: bool = True  # use network/mount/PID (and user) namespaces where the kernel allows
-    drop_privileges: bool = True  # when root, run programs as a private uid (uid_base + worker index)
-    uid_base: int | None = None  # private uids uid_base + worker index; None: a random unused range
-    guard: bool = True  # the audit-hook containment rules (integrity rules are always on)
-    allow_root: bool = False  # run programs as root when the private uid is impossible (guard only!)
-    allow_processes: bool = False  # let programs fork/exec (else the seccomp filter refuses every spawn)
-    # Programs see only the interpreter, its standard and shared libraries, a few devices, /proc and their
-    # workspace (rootfs.py); False: the host's tree, read-only, with the home folders covered.
-    minimal_root: bool = True
-    # A test whose arguments cannot cross the plain-data channel (a function, an object of the test's): False
-    # fails the sample with that reason; True reruns it with the test in the program's process (the answer
-    # key within its reach), marked `in-process (why)`: integrity best effort only, and a program can steer
-    # a test into that mode (a return value that cannot be sent back).
-    in_process_fallback: bool = False
-
-    def validate(self) -> None:
-        if not self.timeout > 0:
-            raise CodeParrotError(f"sandbox timeout must be positive, got {self.timeout}")
-        for name in ("memory_mb", "file_mb", "max_processes", "workspace_mb"):
-            if getattr(self, name) < 1:
-                raise CodeParrotError(f"sandbox {name} must be at least 1, got {getattr(self, name)}")
-        if self.max_open_files < 16:
-            raise CodeParrotError(f"sandbox max_open_files must be at least 16, got {self.max_open_files}")
-
-
-@dataclass
-class Program:
-    prompt: str
-    completion: str
-    test: str
-    entry_point: str | None = None  # None: the test itself is the check (e.g. a list of asserts)
-
-
-@dataclass
-class ExecResult:
-    status: str  # one of STATUSES
-    detail: str = ""  # exception type and message, the limit hit, or what the sandbox refused
-    seconds: float = 0.0
-    # Where the verdict was decided: "isolated" (a trusted checker process, the candidate called over
-    # plain data), or "in-process (why)" (the test ran beside the program: integrity best effort only).
-    checker: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-
-def pick_uid_base(count: int) -> int:
-    """A random base for `count` private uids, inside this user namespace's mapped range and far from real
-    users: each Sandbox gets its own uids, so concurrent sandboxes never share RLIMIT_NPROC or signals."""
-    low, high = 2_000_000_000, 4_000_000_000  # the usual full mapping
-    try:
-        extents = [tuple(map(int, line.split())) for line in Path("/proc/self/uid_map").read_text().splitlines()]
-        inside, _, length = max(extents, key=lambda e: e[2])
-        if inside + length < high:  # a container mapping only some uids, e.g. 0..65535: use its top
-            low, high = max(inside, inside + length - 5000), inside + length - 2  # below nobody (65534)
-    except (OSError, ValueError):
-        pass
-    return random.SystemRandom().randrange(low, max(low + 1, high - count))
-
-
-def home_folders() -> list[str]:
-    """Folders to hide from programs: $HOME, the user's home from the password database, /root, /home."""
-    found = [os.environ.get("HOME", ""), "/root", "/home"]
-    try:
-        found.append(pwd.getpwuid(os.getuid()).pw_dir)
-    except KeyError:
-        pass
-    return [f for f in dict.fromkeys(found) if f and os.path.isabs(f)]
-
-
-def remove_stale_roots(tmp: str | None = None, min_age_s: float = STALE_AFTER_S) -> list[Path]:
-    """Remove the sandbox folders of dead harnesses (SIGKILLed: their `finally` never ran): ours, unlocked,
-    not modified for `min_age_s`. Folders without an owner lock (older versions) are left alone."""
-    removed = []
-    for root in Path(tmp or tempfile.gettempdir()).glob(ROOT_PREFIX + "*"):
-        try:
-            info = root.lstat()
-            if not root.is_dir() or root.is_symlink() or info.st_uid != os.geteuid():
-                continue
-            if time.time() - info.st_mtime < min_age_s:
-                continue
-            fd = os.open(root / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its owner holds LOCK_EX while alive
-        except OSError:
-            continue
-        else:
-            remove_tree(str(root))
-            removed.append(root)
-        finally:
-            os.close(fd)
-    return removed
-
-
-def describe_layers(layers: dict) -> str:
-    """One line naming the active layers, for logs and results.json."""
-    parts = ["own process + session", "rlimits (cpu, memory, file size, open files)", "empty environment"]
-    if layers.get("pid_namespace"):
-        parts.append("PID namespace (whole tree killed on timeout)")
-    else:
-        parts.append("process-group kill on timeout (no PID namespace)")
-    if layers.get("uid") is not None:
-        parts.append(f"private uid {layers['uid']} + RLIMIT_NPROC")
-    if layers.get("user_namespace"):
-        parts.append("user namespace, capabilities dropped")
-    if layers.get("network_namespace"):
-        parts.append("network namespace (no network)")
-    view = layers.get("minimal_root")
-    if view:
-        parts.append(f"minimal filesystem view (interpreter, stdlib and {view['files']} shared libraries read-only, "
-                     "a tmpfs workspace; no other host path)")
-    elif layers.get("readonly_root"):
-        parts.append("read-only filesystem except a " + ("tmpfs " if layers.get("workspace_tmpfs") else "")
-                     + "workspace")
-    if layers.get("hidden_homes") and not view:
-        parts.append("home folders hidden (" + ", ".join(layers["hidden_homes"]) + ")")
-    if layers.get("ipc_namespace"):
-        parts.append("IPC namespace per program (SysV/POSIX IPC dies with it)")
-    if layers.get("fresh_proc"):
-        parts.append("own /proc per program (host processes invisible) + per-program tmpfs workspace")
-    if layers.get("memory_cgroup"):
-        parts.append(f"memory cgroup {layers['memory_cgroup']} per worker (everything a program holds: heap, "
-                     "tmpfs, shared memory, kernel buffers)")
-    else:
-        parts.append("no memory cgroup (memory bounded by the address-space limit and the syscall allowlist)")
-    if layers.get("program_seccomp"):
-        parts.append("seccomp syscall allowlist (no executable memory, no sockets, no IPC, memfd, io_uring, keys"
-                     + (")" if layers.get("spawning") else ", no process spawning)"))
-    if layers.get("seccomp"):
-        parts.append("seccomp: no signals to other processes")
-    parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
-    return "; ".join(parts)
-
-
-class _Server:
-    """One worker (`server.py`) process and its frame protocol."""
-
-    def __init__(self, config: SandboxConfig, workspace: Path, slot: int, log: Path, uid_base: int,
-                 memory_group: tuple):
-        settings = asdict(config)
-        settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None,
-                        hide=home_folders(), memory_cgroup=memory_group)
-        self.log = log
-        with open(log, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env={},
-                                         cwd="/", start_new_session=True, close_fds=True)
-        try:  # taken before anything can reap it: names this worker for as long as the descriptor lives
-            self.pidfd = os.pidfd_open(self.proc.pid)
-        except (AttributeError, OSError):  # no pidfds (kernel < 5.3): only the returncode tells
-            self.pidfd = None
-        self.buf = b""
-        hello = self.readline(time.monotonic() + 60)
-        if "error" in hello:
-            self.kill()
-            raise CodeParrotError(f"sandbox: {hello['error']}")
-        if "hello" not in hello:
-            self.kill()
-            raise RuntimeError(f"sandbox worker did not start: {hello}")
-        self.layers = hello["hello"]
-
-    def _read(self, n: int, deadline: float) -> bytes:
-        fd = self.proc.stdout.fileno()
-        while len(self.buf) < n:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TimeoutError("sandbox worker did not answer in time")
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                tail = self.log.read_text(errors="replace")[-500:] if self.log.exists() else ""
-                raise EOFError(f"sandbox worker exited (code {self.proc.poll()}): {tail.strip()}")
-            self.buf += chunk
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
-
-    def readline(self, deadline: float) -> dict:
-        """One frame from the worker: 8-byte little-endian length, then `marshal` data."""
-        size = int.from_bytes(self._read(8, deadline), "little")
-        return marshal.loads(self._read(size, deadline))
-
-    def request(self, job: dict, timeout: float) -> dict:
-        payload = marshal.dumps(job)
-        self.proc.stdin.write(len(payload).to_bytes(8, "little") + payload)
-        self.proc.stdin.flush()
-        return self.readline(time.monotonic() + timeout + 30.0)  # the worker enforces `timeout` itself
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its process group, then reap it. Its pid (and so the group id it leads)
-        names our worker only until it is reaped, and `poll()` may have reaped it already (a worker that
-        died mid-job: the read that saw EOF asked for its exit code): then signal nothing, since the
-        number may belong to someone else by now. The worker's children die with it (PDEATHSIG)."""
-        if self.proc.returncode is None and self._unreaped():
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # unreaped, a zombie included: still our group
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.proc.wait()
-        self._close_pidfd()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-    def _unreaped(self) -> bool:
-        """Is the worker's process still there to signal (running or a zombie), reaped by nobody? Popen
-        reaps only in poll()/wait(); the pidfd also catches a reaper elsewhere in the harness."""
-        if self.pidfd is None:
-            return True
-        try:
-            signal.pidfd_send_signal(self.pidfd, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            return True
-        return True
-
-    def _close_pidfd(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()  # EOF: the worker finishes and exits
-            self.proc.wait(timeout=5)
-            self.proc.stdout.close()
-            self._close_pidfd()
-        except (OSError, subprocess.TimeoutExpired):
-            self.kill()
 
 
 class Sandbox:
@@ -364,7 +109,7 @@ class Sandbox:
         self._owner_fd = os.open(self._root / OWNER_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self.uid_base = self.config.uid_base if self.config.uid_base is not None else pick_uid_base(self.num_workers)
-        self._servers: list[_Server | None] = [None] * self.num_workers
+        self._servers: list[Worker | None] = [None] * self.num_workers
         # Per worker: (memory cgroup folder, "v1"/"v2") or (None, why not); made at its first start.
         self.memory_groups: list[tuple | None] = [None] * self.num_workers
         self._lock = threading.Lock()
@@ -379,7 +124,7 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _server(self, slot: int) -> _Server:
+    def _server(self, slot: int) -> Worker:
         server = self._servers[slot]
         if server is None or server.proc.poll() is not None:
             workspace = self._root / f"worker-{slot}"
@@ -391,7 +136,7 @@ class Sandbox:
                                                              int(self.config.memory_mb) << 20)
                 except OSError as err:
                     self.memory_groups[slot] = (None, str(err))
-            server = _Server(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base,
+            server = Worker(self.config, workspace, slot, self._root / f"worker-{slot}.log", self.uid_base,
                              self.memory_groups[slot])
             self._servers[slot] = server
             with self._lock:

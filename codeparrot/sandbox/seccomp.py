@@ -20,7 +20,7 @@ Arguments checked (the kernel hands the filter the low 32 bits of each argument,
   the program sees is noexec (the worker's read-only root), so the only files it can map to run are the
   interpreter's own read-only ones (a library it writes, builds in a memfd or finds under /dev cannot be
   run). Without `exec_files` (no read-only root: guard-only mode) no executable memory at all; the worker
-  then loads every extension module of the interpreter before any program (`server.warm_up`).
+  then loads every extension module of the interpreter before any program (`zygote.warm_up`).
 - `socketpair`: AF_UNIX only (an unnamed pair: asyncio's self-pipe); `socket()` is refused for every family.
 - `ioctl`: terminal queries and the fd flags only (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX, FIONCLEX).
 - `fcntl`: duplicating, descriptor and status flags, record locks, the pipe size (`FCNTLS`); F_SETFL never

@@ -1,4 +1,5 @@
-"""What the training loop reports: a fixed-format console line, metrics.jsonl, and Accelerate's trackers.
+"""What the training loop reports: a fixed-format console line, metrics.jsonl, and Accelerate's trackers (`log`
+writes one entry to both); `--profile-steps` adds a torch.profiler trace (`start_profiler`).
 
 Trackers (TensorBoard, W&B) are optional comforts: one that fails to start is a warning, never a dead run.
 W&B runs offline (files under the run folder, `wandb sync` later) unless a `WANDB_API_KEY` is set. Nothing
@@ -172,3 +173,21 @@ class ThroughputWindows:
         return (f"throughput (median of {s['windows']} log window(s) after the warm-up one): "
                 f"{s['median_tokens_per_s']:,.0f} tokens/s, MFU {mfu} ({MFU_CONVENTION}; peak {peak_source}), "
                 f"peak memory {s['peak_memory_gib']:.2f} GiB")
+
+
+def log(accelerator, metrics: MetricsFile, entry: dict) -> None:
+    """One logged dict: metrics.jsonl (main process) and every started tracker."""
+    metrics.append(entry)
+    tracked = {k: v for k, v in entry.items() if k not in ("step", "warmup") and v is not None}
+    accelerator.log(tracked, step=entry["step"])
+
+
+def start_profiler(run_dir: Path, device: torch.device):
+    """A torch.profiler trace into the run's TensorBoard folder (open with the PyTorch profiler plugin)."""
+    from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profiler = profile(activities=activities, record_shapes=True, profile_memory=True,
+                       on_trace_ready=tensorboard_trace_handler(str(run_dir / "tensorboard" / "profile")))
+    profiler.start()
+    return profiler

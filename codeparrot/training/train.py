@@ -1,4 +1,6 @@
-"""The training loop: `train(cfg)` reads top to bottom as the recipe; helpers that set things up sit below it.
+"""The training loop: `train(cfg)` reads top to bottom as the recipe; its helpers sit beside it (`model_io.py`: the
+model in and out; `run_data.py`: this process's data and the evaluation pass; `fast_path.py`: what is compiled;
+`reporting.py`: logs, metrics, trackers, the profiler).
 
     accelerate launch scripts/train.py --config configs/train/codeparrot-small.yaml [--key value ...]
 
@@ -11,9 +13,7 @@ steps: the loss is summed on device and reduced once per `log_steps`.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
 import warnings
@@ -22,20 +22,14 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import ProjectConfiguration, TorchDynamoPlugin, parse_flag_from_env, set_seed
+from accelerate.utils import ProjectConfiguration, parse_flag_from_env, set_seed
 from tqdm.auto import tqdm
 
-from codeparrot.atomic_io import atomic_dir, ensure_writable_dir
+from codeparrot.atomic_io import ensure_writable_dir
 from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model, save_model_folder
-from codeparrot.repository.pusher import CheckpointPusher
-from codeparrot.repository.refs import open_repository, resolve_model_dir
-from codeparrot.tokenizer import load_tokenizer
-from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
 from codeparrot.training.checkpointing import (
     TrainerState,
-    full_state_dict,
     list_checkpoints,
     read_data_position,
     read_state,
@@ -44,26 +38,37 @@ from codeparrot.training.checkpointing import (
     save_checkpoint,
 )
 from codeparrot.training.config import TrainConfig
-from codeparrot.training.datasets.loader import build_dataloader, build_dataset
+from codeparrot.training.fast_path import FastPath, configure_cuda_allocator
 from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
+from codeparrot.training.model_io import (
+    load_model,
+    load_tokenizer_checked,
+    make_pusher,
+    model_files,
+    model_source_lines,
+    save_final_model,
+)
 from codeparrot.training.nonfinite import NonFiniteGuard, check_finite_weights
 from codeparrot.training.optim import build_optimizer, build_scheduler
-from codeparrot.training.regional_compile import compile_blocks
 from codeparrot.training.rank_logs import open_rank_log
+from codeparrot.training.regional_compile import compile_blocks
 from codeparrot.training.reporting import (
     MFU_CONVENTION,
     MetricsFile,
     ThroughputWindows,
     configure_wandb_env,
     console_line,
+    log,
     memory_gib,
     redact,
+    start_profiler,
     start_trackers,
 )
+from codeparrot.training.run_data import build_datasets, make_loader, print_batches, run_eval
 from codeparrot.training.sharding import enable_fsdp_on_cpu, reduce_gradients_in_fp32, report_sharding
-from codeparrot.training.validation import EvalResult, evaluate
+from codeparrot.training.validation import EvalResult
 from codeparrot.training.watchdog import stops_watchdogs, training_watchdog
 
 
@@ -285,200 +290,3 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             pusher is not None and pusher.commits) else ""
         print(f"final model (step {step}): {run_dir / 'final'}{pushed}")
     return result
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Set-up helpers
-# ---------------------------------------------------------------------------------------------------------
-def load_tokenizer_checked(cfg: TrainConfig):
-    """(tokenizer, model folder) with the model/tokenizer/sequence-length consistency checked from config.json,
-    before any weights are loaded."""
-    if not cfg.model:
-        raise CodeParrotError("model is not set: give the model repository (--model PATH_OR_HUB_ID)")
-    model_dir = resolve_model_dir(cfg.model, cfg.revision)
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise CodeParrotError(f"{cfg.model}@{cfg.revision} holds no model (no config.json)")
-    model_cfg = json.loads(config_file.read_text(encoding="utf-8"))
-    tokenizer = load_tokenizer(cfg.data.tokenizer or str(model_dir))
-    check_model_tokenizer(model_cfg, tokenizer, str(cfg.data.tokenizer or model_dir), seq_length=cfg.data.seq_length)
-    return tokenizer, model_dir
-
-
-def model_source_lines(cfg: TrainConfig) -> list[str]:
-    """Where the starting weights come from: the repository, revision and commit (for a repository), plus a
-    warning when the revision's newest commit is a promotion, i.e. already-trained weights, not an initial
-    model. Best effort: a repository that cannot be listed (offline Hub) only gets the first line."""
-    line = f"starting weights: {cfg.model}" + (f" @ {cfg.revision}" if cfg.revision else " (a model folder)")
-    if not cfg.revision:
-        return [line]
-    try:
-        repo = open_repository(cfg.model)
-        commit = repo.resolve_revision(cfg.revision)
-        tip = next((c for c in repo.list_commits(cfg.revision)), None) if cfg.revision != commit else None
-    except Exception:  # noqa: BLE001 - a plain folder, an offline Hub: nothing more to say
-        return [line]
-    lines = [f"{line} (commit {commit[:12]}{f', {tip.message!r}' if tip is not None else ''})"]
-    if tip is not None and tip.message.startswith("promote "):
-        lines.append(f"warning: {cfg.model}@{cfg.revision} holds a promoted, already-trained model ({tip.message}); "
-                     "this run continues from those weights. For a fresh run start from the initial model "
-                     "(--revision <commit of 'initial model'>, see `scripts/checkpoints.py log`)")
-    return lines
-
-
-def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
-    """(train dataset, validation dataset or None) for this process: its own shard of each."""
-
-    d = cfg.data
-    if not d.train:
-        raise CodeParrotError("data.train is not set: give the training data (pretokenized folder or JSONL shards)")
-    common = dict(rank=rank, world_size=world, seed=cfg.seed, num_of_sequences=d.num_of_sequences,
-                  chars_per_token=d.chars_per_token, text_column=d.text_column)
-    train_ds = build_dataset(d.train, tokenizer, d.seq_length, infinite=True, shuffle=True, split="train",
-                             shuffle_buffer=d.shuffle_buffer, sequence_shuffle_buffer=d.sequence_shuffle_buffer,
-                             **common)
-    valid_ds = None
-    if d.valid:
-        valid_ds = build_dataset(d.valid, tokenizer, d.seq_length, infinite=False, shuffle=False, split="validation",
-                                 **common)
-    return train_ds, valid_ds
-
-
-def make_loader(cfg: TrainConfig, dataset, batch_size: int, device: torch.device):
-
-    return build_dataloader(dataset, batch_size=batch_size, num_workers=cfg.data.num_workers,
-                            pin_memory=device.type == "cuda")
-
-
-@dataclass
-class FastPath:
-    """What this run compiles, resolved from the config's nulls (null = on for CUDA, off elsewhere)."""
-
-    cuda: bool
-    compile_model: bool
-    compile_regions: bool
-    compile_loss: bool
-
-    @classmethod
-    def resolve(cls, cfg: TrainConfig, device: torch.device) -> "FastPath":
-        cuda = device.type == "cuda"
-        compile_model = cuda if cfg.compile is None else cfg.compile
-        return cls(cuda, compile_model, cfg.compile_regions, cuda if cfg.compile_loss is None else cfg.compile_loss)
-
-    def dynamo_plugin(self) -> TorchDynamoPlugin | None:
-        """Accelerate's compile settings for whole-model compilation; None leaves the decision to the launcher
-        (`--dynamo_backend`). Per-block compilation is done in place by `train()` before `accelerator.prepare`
-        (regional_compile.py)."""
-        if not self.compile_model or self.compile_regions:
-            return None
-        return TorchDynamoPlugin(backend="inductor")
-
-    def describe(self, cfg: TrainConfig) -> str:
-        compiled = ("per transformer block" if self.compile_regions else "whole model") if self.compile_model else "off"
-        return f"attention: {cfg.attn_implementation}; torch.compile: {compiled}"
-
-
-def configure_cuda_allocator() -> None:
-    """Expandable segments: large, changing allocations (the fused loss's chunks, the last shorter chunk,
-    evaluation batches) reuse memory instead of fragmenting it into OOMs on a nearly full card. The user's own
-    setting wins; torch >= 2.9 reads PYTORCH_ALLOC_CONF (the CUDA-named variable still works there)."""
-    if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF" if torch.__version__ < "2.9" else "PYTORCH_ALLOC_CONF"] = (
-            "expandable_segments:True")
-
-
-def load_model(cfg: TrainConfig, model_dir: Path):
-    """The fp32 master model with the configured attention kernel, loss type and gradient checkpointing."""
-
-    if cfg.attn_implementation == CAUSAL_SDPA:
-        register_causal_attention()  # whole unpadded sequences, no cache: SDPA is_causal=True, no mask built
-    model = load_pretrained_model(str(model_dir), attn_implementation=cfg.attn_implementation, dtype=torch.float32)
-    # A fixed loss type: otherwise transformers resolves it on every forward (a graph break under torch.compile).
-    model.loss_type = model.config.loss_type = "ForCausalLM"
-    if cfg.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}  # the non-reentrant variant works with DDP and torch.compile
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    return model
-
-
-def run_eval(cfg: TrainConfig, model, head, valid_ds, accelerator, device) -> EvalResult:
-    """A fresh pass over this process's validation shard. Run inside a forked RNG so that evaluating (its
-    loader workers draw a seed) never changes the training run's random stream: same weights with or without
-    evaluation, and exact resumes whatever eval_steps is."""
-    batch_size = cfg.eval.micro_batch_size or cfg.batch.micro_batch_size
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        loader = make_loader(cfg, valid_ds, batch_size, device)
-        return evaluate(model, loader, accelerator, max_steps=cfg.eval.max_eval_steps,
-                        dummy_shape=(batch_size, cfg.data.seq_length), head_weight=head)
-
-
-def log(accelerator, metrics: MetricsFile, entry: dict) -> None:
-    """One logged dict: metrics.jsonl (main process) and every started tracker."""
-    metrics.append(entry)
-    tracked = {k: v for k, v in entry.items() if k not in ("step", "warmup") and v is not None}
-    accelerator.log(tracked, step=entry["step"])
-
-
-def make_pusher(cfg: TrainConfig):
-    if not cfg.checkpoint.push:
-        return None
-
-    return CheckpointPusher(cfg.model, cfg.run_name, from_revision=cfg.revision)  # the branch follows its parent
-
-
-def save_final_model(accelerator, model, tokenizer, folder: Path) -> None:
-    """<run dir>/final: the last weights, config and tokenizer, a stable path that pruning never removes."""
-
-    weights = full_state_dict(accelerator, model)  # collective under FSDP/DeepSpeed
-    if accelerator.is_main_process:
-        with atomic_dir(folder) as tmp:
-            save_model_folder(accelerator.unwrap_model(model), tmp, tokenizer, state_dict=weights)
-    accelerator.wait_for_everyone()
-
-
-def model_files(folder: Path) -> list[str]:
-    """What a checkpoint push sends without the training state: the top-level files (weights, config,
-    tokenizer, train_config.yaml, trainer_state.json), not training_state/."""
-    return sorted(p.name for p in folder.iterdir() if p.is_file())
-
-
-def start_profiler(run_dir: Path, device: torch.device):
-    """A torch.profiler trace into the run's TensorBoard folder (open with the PyTorch profiler plugin)."""
-    from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    profiler = profile(activities=activities, record_shapes=True, profile_memory=True,
-                       on_trace_ready=tensorboard_trace_handler(str(run_dir / "tensorboard" / "profile")))
-    profiler.start()
-    return profiler
-
-
-def print_batches(dataset, tokenizer, n: int, batch_size: int) -> None:
-    """`--inspect-batches N`: the first N batches decoded back to text, file boundaries (EOS) marked."""
-
-    eos_text = tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id)
-    marker = f"\n{'─' * 20} {eos_text} {'─' * 20}\n"
-    loader = build_dataloader(dataset, batch_size=batch_size, num_workers=0)
-    for b, batch in enumerate(loader):
-        if b >= n:
-            break
-        for r, row in enumerate(batch.tolist()):
-            n_eos = sum(1 for t in row if t == tokenizer.eos_token_id)
-            print(f"\n{'=' * 30} batch {b} row {r}: {len(row)} tokens, {n_eos} EOS {'=' * 30}")
-            pieces = [tokenizer.decode(part) for part in _split_on(row, tokenizer.eos_token_id)]
-            print(marker.join(pieces))
-
-
-def _split_on(ids: list[int], sep: int) -> list[list[int]]:
-    parts, current = [], []
-    for t in ids:
-        if t == sep:
-            parts.append(current)
-            current = []
-        else:
-            current.append(t)
-    parts.append(current)
-    return parts

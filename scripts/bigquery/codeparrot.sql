@@ -3,7 +3,7 @@
 -- (only `content` is required; the others pass through to the clean shards).
 --
 -- Run it in the BigQuery console (or `bq query --use_legacy_sql=false`) into a table of your own, then export
--- that table as newline-delimited JSON, gzip-compressed, to Cloud Storage (see the README section
+-- that table as newline-delimited JSON, gzip-compressed, to Cloud Storage (see docs/data.md,
 -- "The real corpus"). The original export was about 180 GB / 20M files (about 70% of them duplicates).
 --
 -- The filters, as in the original: Python files (.py), not binary, 1 KiB <= size < 1 MiB.

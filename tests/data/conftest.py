@@ -8,7 +8,7 @@ import os
 import pytest
 
 from codeparrot.data.ray_cluster import LOCAL_RAY_ENV, start_local_ray
-from codeparrot.data.ray_engine import FAULT_MARKER_ENV
+from codeparrot.data.ray_pass1 import FAULT_MARKER_ENV
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
-from codeparrot.data.ray_engine import FAULT_MARKER_ENV
+from codeparrot.data.ray_pass1 import FAULT_MARKER_ENV
 
 # find_spec, not an import: ray must be first imported after the private-Ray loopback settings (conftest's
 # `ray_session`), and the cluster here is driven by subprocesses only

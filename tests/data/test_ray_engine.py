@@ -23,7 +23,7 @@ import pytest
 from codeparrot.data.export import export_local
 from codeparrot.data.filters import TextFilter
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
-from codeparrot.data.ray_engine import FAULT_MARKER_ENV
+from codeparrot.data.ray_pass1 import FAULT_MARKER_ENV
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.problems import load_problems
 
@@ -257,7 +257,7 @@ def test_ray_filter_tasks_cap_the_tokenizer_thread_pool(inputs, tmp_path, ray_se
     import ray
 
     from codeparrot.data.record_work import ChunkWorker
-    from codeparrot.data.ray_engine import _WORK_CPUS, _work
+    from codeparrot.data.ray_pass1 import _WORK_CPUS, _work
     from codeparrot.data.ray_read import parse_lines, read_lines, read_units
 
     code_tokenizer.save_pretrained(tmp_path / "tok")

@@ -16,7 +16,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.problems import load_problems, merge_samples, read_samples
 from codeparrot.humaneval.scoring import score
-from codeparrot.sandbox.client import SandboxConfig
+from codeparrot.sandbox import SandboxConfig
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "human_eval.py"
 

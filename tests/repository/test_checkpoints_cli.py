@@ -9,6 +9,8 @@ import pytest
 
 from codeparrot.repository.refs import open_repository
 
+from ..script_cases import run_cases
+
 
 @pytest.fixture
 def run(python, scripts_env, repo_root, tmp_path):
@@ -29,27 +31,34 @@ def tokenizer_dir(stdlib_texts, tmp_path_factory):
 
 
 def _one_line_error(proc, *needles):
-    assert proc.returncode != 0, proc.stdout
+    assert proc.returncode != 0, (proc.args, proc.stdout)
     err = proc.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, (proc.args, err)
     for needle in needles:
-        assert str(needle) in err, err
+        assert str(needle) in err, (proc.args, err)
 
 
-def test_initialize_tiny_model_into_local_repository(run, tokenizer_dir, tmp_path, repo_root):
+def test_initialize_tiny_model_into_local_repository(python, scripts_env, tokenizer_dir, tmp_path, repo_root):
+    """initialize_model.py, then checkpoints.py list / log / download on what it made, then a second initialize:
+    in this order, in one process (tests/script_cases.py)."""
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    repo = tmp_path / "models" / "tiny"
-    proc = run("initialize_model.py", "--model-config", repo_root / "configs/model/tiny.yaml",
-               "--tokenizer", tokenizer_dir, "--repo", repo, "--n_layer", "2")
+    scripts_env["CODEPARROT_CACHE"] = str(tmp_path / "cache")
+    repo, out = tmp_path / "models" / "tiny", tmp_path / "initial"
+    initialize = ("initialize_model.py", ["--model-config", repo_root / "configs/model/tiny.yaml",
+                                          "--tokenizer", tokenizer_dir, "--repo", repo])
+    proc, listing, log, download, again = run_cases(python, scripts_env, [
+        (repo_root / "scripts" / script, argv) for script, argv in [
+            (initialize[0], [*initialize[1], "--n_layer", "2"]),
+            ("checkpoints.py", ["list", repo]),
+            ("checkpoints.py", ["log", repo, "--branch", "main", "--json"]),
+            ("checkpoints.py", ["download", repo, "--revision", "main", "--output-dir", out]),
+            initialize]])
     assert proc.returncode == 0, proc.stderr
     assert "parameters" in proc.stdout and "vocab 400" in proc.stdout
-    listing = run("checkpoints.py", "list", repo)
     assert listing.returncode == 0 and listing.stdout.splitlines()[1].split()[:2] == ["main", "-"]
-    log = json.loads(run("checkpoints.py", "log", repo, "--branch", "main", "--json").stdout)
-    assert [c["message"] for c in log] == ["initial model"]
-    out = tmp_path / "initial"
-    assert run("checkpoints.py", "download", repo, "--revision", "main", "--output-dir", out).returncode == 0
+    assert [c["message"] for c in json.loads(log.stdout)] == ["initial model"]
+    assert download.returncode == 0, download.stderr
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "model_config.yaml"} <= {p.name for p in out.iterdir()}
     model = GPT2LMHeadModel.from_pretrained(str(out))
@@ -57,8 +66,6 @@ def test_initialize_tiny_model_into_local_repository(run, tokenizer_dir, tmp_pat
     assert model.config.vocab_size == len(tokenizer) == 400 and model.config.n_layer == 2
     assert model.config.eos_token_id == tokenizer.eos_token_id
     # A second initialization would silently stack another "initial model" on main: refused.
-    again = run("initialize_model.py", "--model-config", repo_root / "configs/model/tiny.yaml",
-                "--tokenizer", tokenizer_dir, "--repo", repo)
     _one_line_error(again, "already has an initial model")
 
 
@@ -94,52 +101,50 @@ def test_browse_and_promote_with_the_cli(run, tmp_path):
     assert (tmp_path / "main" / "weights.bin").read_text() == "lr-1e-3 20"
 
 
-def test_help_documents_every_flag(run):
-    for script, flags in {
-        "train_tokenizer.py": ["--dataset", "--output-dir", "--vocab-size", "--n-examples", "--repo",
-                               "--text-column"],
-        "initialize_model.py": ["--model-config", "--tokenizer", "--repo", "--seed", "--count-only", "--n_embd"],
-        "checkpoints.py": ["list", "log", "download", "promote"],
-    }.items():
-        proc = run(script, "--help")
-        assert proc.returncode == 0 and all(flag in proc.stdout for flag in flags), (script, proc.stdout)
-
-
-def test_bad_inputs_are_one_line_errors_and_create_nothing(run, tokenizer_dir, tmp_path, repo_root):
+def test_bad_inputs_are_one_line_errors_and_create_nothing(python, scripts_env, tokenizer_dir, tmp_path, repo_root):
+    """Every bad input of initialize_model.py and checkpoints.py, each run as `python scripts/NAME.py ...` in one
+    process (tests/script_cases.py: the imports are paid once, not once per case)."""
+    scripts_env["CODEPARROT_CACHE"] = str(tmp_path / "cache")
     tiny = repo_root / "configs/model/tiny.yaml"
     new_repo = tmp_path / "new-repo"
-    init = ("initialize_model.py", "--model-config")
-    # Tokenizer folder missing, or not a tokenizer.
-    _one_line_error(run(*init, tiny, "--tokenizer", tmp_path / "nope", "--repo", new_repo), "nope")
     (tmp_path / "empty").mkdir()
-    _one_line_error(run(*init, tiny, "--tokenizer", tmp_path / "empty", "--repo", new_repo), "not a tokenizer")
-    # Model config: an unknown key, an impossible shape.
     bad = tmp_path / "bad.yaml"
     bad.write_text("n_layer: 2\nn_heads: 4\n")
-    _one_line_error(run(*init, bad, "--tokenizer", tokenizer_dir, "--repo", new_repo), "n_heads", "bad.yaml")
-    _one_line_error(run(*init, tiny, "--tokenizer", tokenizer_dir, "--repo", new_repo, "--n_embd", "130"),
-                    "n_embd (130) must be divisible by n_head (4)")
-    _one_line_error(run(*init, tmp_path / "missing.yaml", "--tokenizer", tokenizer_dir, "--repo", new_repo),
-                    "missing.yaml")
-    assert not new_repo.exists()
-    # A repository path that is not a repository.
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("mine")
-    _one_line_error(run(*init, tiny, "--tokenizer", tokenizer_dir, "--repo", tmp_path / "plain"),
-                    "not a git repository")
-    assert [p.name for p in (tmp_path / "plain").iterdir()] == ["notes.txt"]
-    for command in (["list"], ["log", "--branch", "main"], ["promote", "--revision", "main"]):
-        _one_line_error(run("checkpoints.py", command[0], tmp_path / "plain", *command[1:]), "not a git repository")
-    _one_line_error(run("checkpoints.py", "list", tmp_path / "missing"), "missing")
-    # A revision or branch that does not exist.
     repo = open_repository(str(tmp_path / "repo"), create=True)
     repo.commit_folder(tmp_path / "plain", "main", "initial model")
     out = tmp_path / "out"
-    _one_line_error(run("checkpoints.py", "download", tmp_path / "repo", "--revision", "step-999", "--output-dir",
-                        out), "step-999")
+    init = ["--model-config"]
+    cases = [  # (script, argv, what the one error line must name)
+        # Tokenizer folder missing, or not a tokenizer.
+        ("initialize_model.py", [*init, tiny, "--tokenizer", tmp_path / "nope", "--repo", new_repo], ["nope"]),
+        ("initialize_model.py", [*init, tiny, "--tokenizer", tmp_path / "empty", "--repo", new_repo],
+         ["not a tokenizer"]),
+        # Model config: an unknown key, an impossible shape, a missing file.
+        ("initialize_model.py", [*init, bad, "--tokenizer", tokenizer_dir, "--repo", new_repo], ["n_heads", "bad.yaml"]),
+        ("initialize_model.py", [*init, tiny, "--tokenizer", tokenizer_dir, "--repo", new_repo, "--n_embd", "130"],
+         ["n_embd (130) must be divisible by n_head (4)"]),
+        ("initialize_model.py", [*init, tmp_path / "missing.yaml", "--tokenizer", tokenizer_dir, "--repo", new_repo],
+         ["missing.yaml"]),
+        # A repository path that is not a repository.
+        ("initialize_model.py", [*init, tiny, "--tokenizer", tokenizer_dir, "--repo", tmp_path / "plain"],
+         ["not a git repository"]),
+        *[("checkpoints.py", [command[0], tmp_path / "plain", *command[1:]], ["not a git repository"])
+          for command in (["list"], ["log", "--branch", "main"], ["promote", "--revision", "main"])],
+        ("checkpoints.py", ["list", tmp_path / "missing"], ["missing"]),
+        # A revision or branch that does not exist.
+        ("checkpoints.py", ["download", tmp_path / "repo", "--revision", "step-999", "--output-dir", out],
+         ["step-999"]),
+        ("checkpoints.py", ["promote", tmp_path / "repo", "--revision", "v9"], ["v9"]),
+        ("checkpoints.py", ["log", tmp_path / "repo", "--branch", "ghost"], ["ghost"]),
+    ]
+    results = run_cases(python, scripts_env, [(repo_root / "scripts" / script, argv) for script, argv, _ in cases])
+    for (script, argv, needles), proc in zip(cases, results):
+        _one_line_error(proc, *needles)
+    assert not new_repo.exists()
+    assert [p.name for p in (tmp_path / "plain").iterdir()] == ["notes.txt"]
     assert not out.exists()
-    _one_line_error(run("checkpoints.py", "promote", tmp_path / "repo", "--revision", "v9"), "v9")
-    _one_line_error(run("checkpoints.py", "log", tmp_path / "repo", "--branch", "ghost"), "ghost")
     assert [c.message for c in repo.list_commits("main")] == ["initial model"]
 
 

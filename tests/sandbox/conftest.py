@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.sandbox.client import Sandbox, SandboxConfig
+from codeparrot.sandbox import Sandbox, SandboxConfig
 
 
 @pytest.fixture(scope="module")

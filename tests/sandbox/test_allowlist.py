@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
 from codeparrot.sandbox.seccomp import ALLOWED, ARCHES, build
 
 # x86_64 numbers of calls a program must not make, and the arguments that make each a real attempt.

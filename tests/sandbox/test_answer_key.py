@@ -15,7 +15,7 @@ import time
 import pytest
 
 from codeparrot.humaneval.problems import load_problems
-from codeparrot.sandbox.client import Program, SandboxConfig
+from codeparrot.sandbox import Program, SandboxConfig
 
 # Looks everywhere a program can look without special privileges for text holding test assertions: the
 # frames above it (sys._getframe, a traceback's tb_frame.f_back, a generator's gi_frame.f_back), and every

@@ -22,7 +22,7 @@ import pytest
 
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.problems import load_problems
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
 
 PROJECT = Path(__file__).resolve().parents[2]
 CONFIGS = {

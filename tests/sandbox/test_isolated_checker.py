@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
 
 CHECK = "import math\ndef check(candidate):\n    assert candidate(2) == 4\n    assert math.sqrt(candidate(3)) == 3.0\n"
 CONFIGS = {

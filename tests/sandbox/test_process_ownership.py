@@ -63,7 +63,7 @@ def f():
 
 USER_NAMESPACE_RUN = AS_UNPRIVILEGED + r'''
 from codeparrot.humaneval.problems import load_problems
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
 probe = sys.stdin.read()
 with Sandbox(SandboxConfig(timeout=5.0, guard=False), num_workers=2) as box:
     layers = box.start()
@@ -108,7 +108,7 @@ if libc.unshare(0x20000000) != 0:
 child = os.fork()
 if child:
     sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
-from codeparrot.sandbox.client import Sandbox, SandboxConfig
+from codeparrot.sandbox import Sandbox, SandboxConfig
 box = Sandbox(SandboxConfig(timeout=2.0), num_workers=1)
 box.start()
 server = box._servers[0]

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig, remove_stale_roots
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox.stale_roots import remove_stale_roots
 
 CHECK_ONE = "def check(candidate):\n    assert candidate() == 1\n"
 CONFIGS = {

@@ -2,8 +2,9 @@
 snapshot `cli_flags.json` (taken before the flags were generated from the stages' dataclasses), and a
 `--help` that exits 0 and names every flag.
 
-Each script runs in a subprocess with `argparse.ArgumentParser.parse_known_args` patched to print the parser
-it built and exit, so nothing but the parser is exercised (no model, data or network).
+The scripts run in one subprocess with `argparse.ArgumentParser.parse_known_args` patched to print the parser
+each built and end that script, so nothing but the parsers is exercised (no model, data or network); the
+`--help` runs go through tests/script_cases.py, every script and subcommand in one more process.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from codeparrot.data.preprocess_config import available_cores
+
+from ..script_cases import run_cases
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = json.loads((Path(__file__).with_name("cli_flags.json")).read_text(encoding="utf-8"))
@@ -30,8 +32,9 @@ MACHINE_DEFAULTS = {
     ("pretokenize", "--num-workers"): lambda: max(1, os.cpu_count() or 1),
 }
 
-# Run as `python -c DUMPER scripts/NAME.py`: the script runs with the argument `--help` (so that a script that
-# refuses an empty command line still reaches its parser), and its first parse prints the parser as JSON and exits.
+# Run as `python -c DUMPER scripts/A.py scripts/B.py ...` (one process for all: most of the cost is importing):
+# each script runs with the argument `--help` (so that a script that refuses an empty command line still reaches
+# its parser), and its first parse prints {script: parser} as JSON and ends that script.
 # A default that is not JSON (a Path, a function) is compared as its repr, exactly as the snapshot stored it.
 DUMPER = r"""
 import argparse, json, runpy, sys
@@ -55,13 +58,16 @@ def describe(parser):
     return out
 
 def dump(self, args=None, namespace=None):
-    print("FLAGS-JSON " + json.dumps(describe(self), sort_keys=True, default=repr))
+    print("FLAGS-JSON " + json.dumps({script: describe(self)}, sort_keys=True, default=repr), flush=True)
     sys.exit(0)
 
 argparse.ArgumentParser.parse_known_args = dump
-script = sys.argv[1]
-sys.argv = [script, "--help"]
-runpy.run_path(script, run_name="__main__")
+for script in sys.argv[1:]:
+    sys.argv = [script, "--help"]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        pass
 """
 
 
@@ -77,13 +83,26 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def dumped() -> dict[str, subprocess.CompletedProcess]:
-    """{script: the dumper's process}; the scripts run two at a time (most of the cost is importing)."""
-    def dump(name: str) -> tuple[str, subprocess.CompletedProcess]:
-        return name, _run("-c", DUMPER, f"scripts/{name}.py")
+def dumped() -> dict[str, dict]:
+    """{script: its parser as the dumper described it}, from one process running every script."""
+    proc = _run("-c", DUMPER, *[f"scripts/{name}.py" for name in SCRIPTS])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            found.update(json.loads(line[len(MARK):]))
+    return {Path(script).stem: spec for script, spec in found.items()}
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(dump, SCRIPTS))
+
+@pytest.fixture(scope="module")
+def helps() -> dict[tuple[str, ...], subprocess.CompletedProcess]:
+    """{(script, *args): the run of `python scripts/NAME.py [SUBCOMMAND] --help`}, every script and subcommand
+    in one process (tests/script_cases.py)."""
+    calls = [(name, *args) for name in SCRIPTS
+             for args in [["--help"]] + [[sub, "--help"] for sub in SNAPSHOT[name].get("<subcommands>", {})]]
+    results = run_cases(sys.executable, _env(), [(REPO_ROOT / "scripts" / f"{call[0]}.py", call[1:])
+                                                 for call in calls], timeout=600)
+    return dict(zip(calls, results))
 
 
 def _expected(name: str) -> dict:
@@ -102,10 +121,8 @@ def test_every_snapshot_script_still_exists():
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_flags_are_unchanged(dumped, name):
-    proc = dumped[name]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    assert proc.returncode == 0 and lines, f"{name}: no parser dumped\n{proc.stderr[-2000:]}"
-    actual, expected = json.loads(lines[0][len(MARK):]), _expected(name)
+    assert name in dumped, f"{name}: no parser dumped"
+    actual, expected = dumped[name], _expected(name)
     assert sorted(actual) == sorted(expected), f"{name}: flags added/removed"
     for flag, spec in expected.items():
         assert actual[flag] == spec, f"{name} {flag}: {actual[flag]} != {spec} (snapshot)"
@@ -124,13 +141,13 @@ def _flags(spec: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_help_exits_0_and_names_every_flag(name):
-    subcommands = list(SNAPSHOT[name].get("<subcommands>", {}))
+def test_help_exits_0_and_names_every_flag(helps, name):
     texts = []
-    for args in [["--help"]] + [[sub, "--help"] for sub in subcommands]:
-        proc = _run(f"scripts/{name}.py", *args)
-        assert proc.returncode == 0, f"{name} {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
-        texts.append(proc.stdout)
+    for call, proc in helps.items():
+        if call[0] == name:
+            args = " ".join(call[1:])
+            assert proc.returncode == 0, f"{name} {args}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+            texts.append(proc.stdout)
     text = "\n".join(texts)
     # A positional shows as its metavar: export_local's src_dirs as SRC_DIR.
     missing = [flag for flag in _flags(SNAPSHOT[name])

@@ -1,4 +1,5 @@
-"""Every training command a GPU user is told to run (`make bench`'s GPU list, the README's code blocks) loads:
+"""Every training command a GPU user is told to run (`make bench`'s GPU list, the code blocks of the README and of
+docs/*.md) loads:
 scripts/train.py's own argument parser, then the config loader and the token budget for the launch's process
 count, exactly as the script would before training. A command that fails here would fail at once on the GPU."""
 
@@ -27,21 +28,33 @@ def _variants(command: str) -> list[str]:
             *_variants(command[:optional.start()] + optional.group(1) + command[optional.end():])]
 
 
-def _readme_commands() -> list[str]:
-    """Shell lines (continuations joined) of the README's fenced code blocks that run scripts/train.py."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def _readme_commands() -> list[tuple[str, str]]:
+    """(page, shell line) for the lines (continuations joined) of the fenced code blocks of README.md and
+    docs/*.md that run scripts/train.py."""
     lines = []
-    for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, flags=re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#\s.*$", "", line).strip()  # a trailing comment
-            if "scripts/train.py" in line and "--help" not in line:
-                lines.append(line)
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        blocks, block = [], None  # the shell blocks: ```bash, ```sh, ```shell or a plain ``` (not ```text)
+        for line in page.read_text(encoding="utf-8").splitlines():
+            fence = re.match(r"^\s*```\s*(\w*)\s*$", line)
+            if fence and block is None:
+                block = [] if fence.group(1) in ("", "bash", "sh", "shell") else False
+            elif fence:
+                if block is not False:
+                    blocks.append("\n".join(block))
+                block = None
+            elif block is not None and block is not False:
+                block.append(line)
+        for text in blocks:
+            for line in text.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s+#\s.*$", "", line).strip()  # a trailing comment
+                if "scripts/train.py" in line and "--help" not in line:
+                    lines.append((page.relative_to(REPO_ROOT).as_posix(), line))
     return lines
 
 
 def _train_commands() -> list[tuple[str, str]]:
     found = [(f"bench: {what}", cmd) for what, cmd in GPU_COMMANDS if "scripts/train.py" in cmd]
-    found += [("README", cmd) for cmd in _readme_commands()]
+    found += _readme_commands()
     return [(where, variant) for where, cmd in found for part in cmd.split(";") if "scripts/train.py" in part
             for variant in _variants(part.strip())]
 
@@ -59,8 +72,10 @@ def _processes(launcher: list[str]) -> int:
 def test_the_printed_commands_include_the_gpu_path():
     commands = _train_commands()
     assert sum(where.startswith("bench") for where, _ in commands) >= 3
-    assert any("--mixed_precision bf16" in cmd and "codeparrot-small.yaml" in cmd for where, cmd in commands
-               if where == "README")
+    for page in ("README.md", "docs/gpu.md"):  # the GPU quick path in the README, the whole path in docs/gpu.md
+        assert any("--mixed_precision bf16" in cmd and "codeparrot-small.yaml" in cmd and "gpu_data/" in cmd
+                   for where, cmd in commands if where == page), page
+    assert {where for where, _ in commands} >= {"README.md", "docs/gpu.md", "docs/training.md"}
     assert GPU_COMMANDS[0][1] == "python scripts/gpu_check.py (make gpu-check)"
 
 

@@ -142,7 +142,7 @@ def test_resume_auto_on_a_finished_run_says_so(run):
 
 def test_starting_from_a_promoted_main_warns(run, tmp_path):
     from codeparrot.repository.refs import open_repository
-    from codeparrot.training.train import model_source_lines
+    from codeparrot.training.model_io import model_source_lines
 
     cfg, _, _, _, toy, _ = run
     repo_copy = tmp_path / "repo"

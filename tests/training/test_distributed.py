@@ -65,7 +65,7 @@ def _evals(run_dir) -> list[dict]:
 
 def test_ranks_read_disjoint_parts(setup):
     from codeparrot.tokenizer import load_tokenizer
-    from codeparrot.training.train import build_datasets
+    from codeparrot.training.run_data import build_datasets
 
     toy, train, valid, seq_length, _ = setup
     cfg = toy.config(**{"data.train": train, "data.valid": valid, "data.seq_length": seq_length})

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from codeparrot.training.config import TrainConfig
-from codeparrot.training.train import FastPath, configure_cuda_allocator
+from codeparrot.training.fast_path import FastPath, configure_cuda_allocator
 
 
 def test_nulls_mean_on_for_cuda_and_off_for_the_cpu():

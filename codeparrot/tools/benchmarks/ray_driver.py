@@ -61,7 +61,8 @@ def _driver_peak(n: int, folder: Path, clustering: str = "driver") -> tuple[int,
     `--ray-clustering` (distributed: no signatures nor LSH index on the driver, only the clusters' edges)."""
     from codeparrot.data.licenses import LicenseFilter
     from codeparrot.data.preprocess_stats import Totals
-    from codeparrot.data.ray_engine import _concat_sorted, _valid_split
+    from codeparrot.data.ray_engine import _valid_split
+    from codeparrot.data.ray_pass1 import concat_sorted
     from codeparrot.data.ray_read import ExactDedup, read_units
     from codeparrot.data.records import BadRecords
 
@@ -88,7 +89,7 @@ def _driver_peak(n: int, folder: Path, clustering: str = "driver") -> tuple[int,
             parts.append({"id": winners, "digest": rng.integers(0, 2**63, size=len(winners), dtype=np.uint64),
                           "nbytes": np.full(len(winners), 5000, np.int64), "has_sig": np.ones(len(winners), bool),
                           "copies": rng.integers(1, 100, size=len(winners), dtype=np.int64)})
-        kept = _concat_sorted(parts)
+        kept = concat_sorted(parts)
         del parts
         m = len(kept["id"])
         sigs = None

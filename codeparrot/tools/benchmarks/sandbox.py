@@ -24,7 +24,8 @@ import torch
 from codeparrot.humaneval.generation import SamplingConfig, generate_samples
 from codeparrot.humaneval.problems import load_problems
 from codeparrot.repository.model import build_model, load_model_config, to_gpt2_config
-from codeparrot.sandbox.client import Program, Sandbox, SandboxConfig, available_cpus, describe_layers
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig, describe_layers
+from codeparrot.sandbox.client import available_cpus
 from codeparrot.tokenizer import train_tokenizer
 from codeparrot.tools.benchmarks.common import BenchRow, measure
 from codeparrot.tools.benchmarks.loader import stdlib_texts

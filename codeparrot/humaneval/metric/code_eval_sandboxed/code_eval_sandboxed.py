@@ -33,8 +33,7 @@ import datasets
 import evaluate
 
 from codeparrot.humaneval.pass_at_k import pass_at_k_table
-from codeparrot.sandbox.client import (ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed,
-                                      describe_layers)
+from codeparrot.sandbox import ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed, describe_layers
 
 _DESCRIPTION = "Unbiased pass@k (Chen et al., 2021) with every candidate executed in codeparrot's sandbox."
 _CITATION = """@article{chen2021codex, title={Evaluating Large Language Models Trained on Code},
