@@ -91,10 +91,12 @@ $(OLAH_VENV)/.installed:
 		|| echo "warning: olah could not be installed; the Hub mirror test will be skipped"
 
 # The suite runs on TEST_WORKERS pytest-xdist processes (TEST_WORKERS=0: one process, as plain pytest);
-# --dist loadgroup keeps the tests of one xdist_group on one worker. The slowest tests are printed at the end.
+# --dist loadscope gives each test module to one worker whole (its module fixtures are built once), modules
+# handed out in the order tests/conftest.py sorts them (slow first: --no-loadscope-reorder); not loadgroup:
+# pytest-xdist 3.8 groups by rewriting item._nodeid, which pytest 9.2 no longer reads. Slowest tests at the end.
 test: $(VENV)/.installed $(OLAH_VENV)/.installed
 	CODEPARROT_OLAH=$(if $(wildcard $(OLAH_VENV)/.installed),$(abspath $(OLAH_VENV))/bin/olah-cli,) \
-		$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) tests
+		$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) tests
 
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py --output-dir $(DEMO_DIR) $(if $(filter 1,$(FRESH)),--fresh,)

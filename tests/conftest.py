@@ -30,10 +30,13 @@ def _isolated_cache(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `slow` run first, so that with `make test`'s parallel workers (pytest-xdist) the long ones
-    start at once and the short ones fill the gaps, instead of one long test starting last and running alone;
-    the order within each kind is the collection order (the same on every worker, as xdist requires). Tests
-    marked `gpu` are skipped on machines without CUDA."""
+    """Order for `make test`'s parallel workers, then GPU skips.
+
+    `make test` runs pytest-xdist with `--dist loadscope --no-loadscope-reorder`: each test module goes to one
+    worker whole (its module fixtures, e.g. a training run several tests inspect, are built once), and modules
+    are handed out in the order of their first test here. Tests marked `slow` come first, so the long modules
+    start at once and the short ones fill the gaps at the end; otherwise the collection order stays (the same on
+    every worker, as xdist requires). Tests marked `gpu` are skipped on machines without CUDA."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False (slow) first
     try:
         import torch
@@ -82,6 +85,20 @@ def scripts_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """`free_port() -> int`: a TCP port free on 127.0.0.1 right now (for `--main_process_port`: the default 29500
+    would collide with another launch of a parallel test worker, or with the user's own)."""
+    import socket
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick
 
 
 @pytest.fixture(scope="session")

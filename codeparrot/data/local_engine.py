@@ -23,10 +23,8 @@ place only after the run succeeded): a failed or interrupted run leaves no outpu
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
-import threading
 import time
 from array import array
 from collections import deque
@@ -51,6 +49,7 @@ from codeparrot.data.shards import ShardWriter
 from codeparrot.data.stall import records_watchdog
 from codeparrot.errors import CodeParrotError
 from codeparrot.watchdog import stops_watchdogs
+from codeparrot.worker_pool import start_pool
 
 
 # --- worker side: the per-record work (`record_work.ChunkWorker`) in each pool process -------------------------
@@ -267,18 +266,11 @@ def run(job: EngineJob) -> EngineOutput:
 
 
 def _start_pool(num_workers: int, worker: ChunkWorker, threads: int):
-    """The worker processes, forked while SIGTERM is at its default: `terminate()` must kill a worker even before
-    its initializer runs, where a Python handler inherited from this process (Ray's driver installs one) would
-    run there instead and could hang it. None for num_workers 0 (work in this process)."""
+    """The worker processes (forked with SIGTERM at its default: see codeparrot/worker_pool.py); None for
+    num_workers 0 (work in this process)."""
     if not num_workers:
         return None
-    in_main = threading.current_thread() is threading.main_thread()  # signal.signal works only there
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if in_main else None
-    try:
-        return multiprocessing.get_context().Pool(num_workers, _init_worker, (worker, threads))
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+    return start_pool(num_workers, _init_worker, (worker, threads))
 
 
 def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, sink: _Sink, worker: ChunkWorker,

@@ -84,6 +84,7 @@ def test_the_script_refuses_a_public_bind_without_a_login(repo_root, scripts_env
     assert len(lines) == 1 and lines[0].startswith("error: --host 0.0.0.0 exposes the app"), done.stderr
 
 
+@pytest.mark.slow
 def test_with_a_login_no_api_call_runs_without_it(app_repo):
     """/promote rewrites `main`: with --auth, a plain API call (no session cookie) is refused before any handler
     runs, and the repository does not move; the same call with the login goes through."""

@@ -174,6 +174,7 @@ def test_a_repository_without_the_asked_split_is_a_one_line_error(tmp_path):
     assert resolve_dataset(str(tmp_path), "train") == str(tmp_path)  # a plain folder is not a repository
 
 
+@pytest.mark.slow
 def test_hub_read_side_through_an_olah_mirror(cli, corpus, tmp_path, olah_mirror, python, scripts_env):
     """The pushed layout served by a real Hub API server (olah, offline mode, serving the pushed git repository
     as the dataset user/clean): `hf://datasets/user/clean` downloads it, `user/clean` streams it with `datasets`."""

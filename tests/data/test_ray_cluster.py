@@ -27,6 +27,8 @@ import pytest
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
 from codeparrot.data.ray_pass1 import FAULT_MARKER_ENV
 
+pytestmark = pytest.mark.slow  # a 2-node Ray cluster: first in `make test`'s order
+
 # find_spec, not an import: ray must be first imported after the private-Ray loopback settings (conftest's
 # `ray_session`), and the cluster here is driven by subprocesses only
 if importlib.util.find_spec("ray") is None:

@@ -38,6 +38,7 @@ def _one_line_error(proc, *needles):
         assert str(needle) in err, (proc.args, err)
 
 
+@pytest.mark.slow
 def test_initialize_tiny_model_into_local_repository(python, scripts_env, tokenizer_dir, tmp_path, repo_root):
     """initialize_model.py, then checkpoints.py list / log / download on what it made, then a second initialize:
     in this order, in one process (tests/script_cases.py)."""
@@ -101,6 +102,7 @@ def test_browse_and_promote_with_the_cli(run, tmp_path):
     assert (tmp_path / "main" / "weights.bin").read_text() == "lr-1e-3 20"
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors_and_create_nothing(python, scripts_env, tokenizer_dir, tmp_path, repo_root):
     """Every bad input of initialize_model.py and checkpoints.py, each run as `python scripts/NAME.py ...` in one
     process (tests/script_cases.py: the imports are paid once, not once per case)."""

@@ -126,6 +126,7 @@ def test_the_forger_and_the_scanner_work_when_the_test_is_reachable():
     assert answer == 1 and any(task["test"] in text for text in found)
 
 
+@pytest.mark.slow
 def test_a_completion_that_forges_answers_from_the_test_passes_no_task(start_box):
     """The forger as every task's completion, in the default sandbox: it never finds the test (0 of 164
     pass), while the same sandbox still passes all canonical solutions (run in the same worker, interleaved,

@@ -16,6 +16,8 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.checkpointing import MANIFEST_FILE, resolve_resume, verify_checkpoint
 
+pytestmark = pytest.mark.slow  # training launches: first in `make test`'s order
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, stdlib_texts):

@@ -17,6 +17,8 @@ from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 
+pytestmark = pytest.mark.slow  # 2-process launches: first in `make test`'s order
+
 
 def _free_port() -> int:
     with socket.socket() as s:

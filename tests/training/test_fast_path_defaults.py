@@ -46,6 +46,7 @@ def test_expandable_segments_unless_the_user_chose(monkeypatch, user):
         assert "expandable_segments:True" in values.values()
 
 
+@pytest.mark.slow
 def test_the_training_path_does_not_import_datasets():
     """The GPU machine's image has no `datasets`: training on local shards or pretokenized data must not need it."""
     code = ("import sys, codeparrot.training.train, codeparrot.training.datasets.loader, "

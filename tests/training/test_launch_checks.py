@@ -22,6 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_fsdp_launch_on_a_machine_without_gpus_stops_at_once_with_one_line(repo_root, scripts_env, tmp_path):
     """The shipped FSDP config through the real `accelerate launch` on this CPU-only machine: Accelerate starts
     2 processes that each run alone (DistributedType.NO); both refuse before writing anything."""
@@ -137,6 +138,7 @@ def test_mixed_precision_on_a_gpu_machine_whose_gpu_torch_cannot_see_is_refused(
     check_gpu_visible("bf16", {"PATH": fake_nvidia_smi})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
 def test_train_script_refuses_bf16_on_the_cpu_of_a_gpu_machine(repo_root, scripts_env, tmp_path, fake_nvidia_smi):
     """The real entry point, with nvidia-smi on PATH and this CPU torch: one line, nothing written."""

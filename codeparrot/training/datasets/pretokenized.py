@@ -44,6 +44,7 @@ from codeparrot.training.config import PretokenizeConfig
 from codeparrot.training.datasets.constant_length import encode_with_eos, eos_token_id, token_dtype, vocab_size_of
 from codeparrot.training.datasets.record_streams import check_has_records, parse_record
 from codeparrot.training.datasets.resumable import Reader, ResumableIterableDataset, check_state_matches
+from codeparrot.worker_pool import start_pool
 
 INDEX_NAME = "index.json"
 TOKENS_NAME = "tokens.bin"
@@ -164,8 +165,8 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
                initial=state["n_tokens"])
     pool = None
     if num_workers > 1:
-        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-        pool = ctx.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, eos_id, dtype.name))
+        pool = start_pool(num_workers, _init_worker, (tokenizer, eos_id, dtype.name),
+                          "fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     else:
         _init_worker(tokenizer, eos_id, dtype.name)
     last_save = time.monotonic()

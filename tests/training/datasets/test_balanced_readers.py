@@ -73,6 +73,7 @@ def test_one_shard_is_split_between_readers_not_read_whole_by_each(tmp_path):
 HUB_SPLITS = [(3, 2), (1, 4), (100, 7), (53, 32)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_shards,n_readers", HUB_SPLITS, ids=[f"{s}-shards-{r}-readers" for s, r in HUB_SPLITS])
 def test_hub_stream_reads_every_file_once_per_epoch(tmp_path, n_shards, n_readers):
     files, names = write_uneven_shards(tmp_path / "train", n_shards)
