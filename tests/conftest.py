@@ -29,15 +29,22 @@ def _isolated_cache(tmp_path_factory):
     os.environ["CODEPARROT_CACHE"] = str(tmp_path_factory.mktemp("codeparrot-cache"))
 
 
+def slow_seconds(item) -> float:
+    """What a test is expected to cost: `slow(SECONDS)`, 10 for a plain `slow`, 0 for the others."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.args[0]) if mark.args else 10.0
+
+
 def pytest_collection_modifyitems(config, items):
     """Order for `make test`'s parallel workers, then GPU skips.
 
     `make test` runs pytest-xdist with `--dist loadscope --no-loadscope-reorder`: each test module goes to one
     worker whole (its module fixtures, e.g. a training run several tests inspect, are built once), and modules
-    are handed out in the order of their first test here. Tests marked `slow` come first, so the long modules
-    start at once and the short ones fill the gaps at the end; otherwise the collection order stays (the same on
-    every worker, as xdist requires). Tests marked `gpu` are skipped on machines without CUDA."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False (slow) first
+    are handed out in the order of their first test here. Tests marked `slow` come first, the most expensive
+    first (`slow(SECONDS)`: the CPU seconds they cost on the 2-core machine; plain `slow`: 10), so the long
+    modules start at once and the short ones fill the gaps at the end; otherwise the collection order stays (the
+    same on every worker, as xdist requires). Tests marked `gpu` are skipped on machines without CUDA."""
+    items.sort(key=lambda item: -slow_seconds(item))  # stable: the collection order among equals
     try:
         import torch
 
@@ -88,8 +95,8 @@ def scripts_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def free_port():
-    """`free_port() -> int`: a TCP port free on 127.0.0.1 right now (for `--main_process_port`: the default 29500
+def launch_port():
+    """`launch_port() -> int`: a TCP port free on 127.0.0.1 right now (for `--main_process_port`: the default 29500
     would collide with another launch of a parallel test worker, or with the user's own)."""
     import socket
 

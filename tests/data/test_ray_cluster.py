@@ -27,7 +27,7 @@ import pytest
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
 from codeparrot.data.ray_pass1 import FAULT_MARKER_ENV
 
-pytestmark = pytest.mark.slow  # a 2-node Ray cluster: first in `make test`'s order
+pytestmark = pytest.mark.slow(40)  # a 2-node Ray cluster: first in `make test`'s order
 
 # find_spec, not an import: ray must be first imported after the private-Ray loopback settings (conftest's
 # `ray_session`), and the cluster here is driven by subprocesses only

@@ -214,14 +214,14 @@ def test_prompts_too_long_for_the_context_are_refused_before_generating(tiny_mod
     assert not (tmp_path / "p").exists()
 
 
-@pytest.mark.slow
-def test_two_processes_end_to_end(tiny_model, tmp_path, scripts_env, free_port):
+@pytest.mark.slow(25)
+def test_two_processes_end_to_end(tiny_model, tmp_path, scripts_env, launch_port):
     """accelerate launch, 2 CPU processes, 3 tasks: every task gets exactly n_samples, results are scored."""
     out = tmp_path / "results.json"
     env = {**scripts_env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(SCRIPT),
+           "--main_process_port", str(launch_port()), str(SCRIPT),
            "--model", str(tiny_model), "--num-tasks", "3", "--n-samples", "3", "--batch-size", "2",
            "--max-new-tokens", "8", "--temperature", "0.2", "0.8", "--k", "1", "2", "5", "--output", str(out),
            "--allow-code-execution", "--num-workers", "2", "--no-progress"]

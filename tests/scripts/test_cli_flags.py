@@ -21,7 +21,7 @@ from codeparrot.data.preprocess_config import available_cores
 
 from ..script_cases import run_cases
 
-pytestmark = pytest.mark.slow  # every script imported: first in `make test`'s order
+pytestmark = pytest.mark.slow(20)  # every script imported: first in `make test`'s order
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = json.loads((Path(__file__).with_name("cli_flags.json")).read_text(encoding="utf-8"))

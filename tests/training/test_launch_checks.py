@@ -22,7 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(25)
 def test_fsdp_launch_on_a_machine_without_gpus_stops_at_once_with_one_line(repo_root, scripts_env, tmp_path):
     """The shipped FSDP config through the real `accelerate launch` on this CPU-only machine: Accelerate starts
     2 processes that each run alone (DistributedType.NO); both refuse before writing anything."""

@@ -18,7 +18,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.optim import lr_factor
 
-pytestmark = pytest.mark.slow  # training launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(100)  # training launches: first in `make test`'s order
 
 # Run as the training script, with the loss of the given (1-based) forward calls of one rank turned into NaN:
 # a batch that blows up, as a corrupt record or an overflow would.

@@ -29,7 +29,7 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
 
-pytestmark = pytest.mark.slow  # killed and resumed training launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(120)  # killed and resumed training launches: first in `make test`'s order
 
 N = 4  # checkpoint step; runs go to 2N
 

@@ -21,7 +21,7 @@ from codeparrot.errors import STALL_EXIT
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.watchdog import StallWatchdog
 
-pytestmark = pytest.mark.slow  # stalled training launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(50)  # stalled training launches: first in `make test`'s order
 
 STALL_MINUTES = 0.1  # 6 s: longer than the set-up (loading, 2 processes joining) on a loaded 2-core machine
 
