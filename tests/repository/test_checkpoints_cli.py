@@ -13,13 +13,25 @@ from ..script_cases import run_cases
 
 
 @pytest.fixture
-def run(python, scripts_env, repo_root, tmp_path):
+def cli_env(scripts_env, tmp_path):
+    """The scripts' environment (the same dict as `scripts_env`) with this test's own cache folder."""
     scripts_env["CODEPARROT_CACHE"] = str(tmp_path / "cache")
+    return scripts_env
 
+
+@pytest.fixture
+def run(python, cli_env, repo_root):
     def run(script, *args):
         return subprocess.run([python, str(repo_root / "scripts" / script), *map(str, args)],
-                              capture_output=True, text=True, env=scripts_env, timeout=120)
+                              capture_output=True, text=True, env=cli_env, timeout=120)
     return run
+
+
+@pytest.fixture
+def run_all(python, cli_env, repo_root):
+    """`run_all([(script, argv), ...])`: each as `python scripts/SCRIPT ARGV`, in order, in one process
+    (tests/script_cases.py: the imports are paid once, not once per command line)."""
+    return lambda cases: run_cases(python, cli_env, [(repo_root / "scripts" / script, argv) for script, argv in cases])
 
 
 @pytest.fixture(scope="module")
@@ -39,22 +51,20 @@ def _one_line_error(proc, *needles):
 
 
 @pytest.mark.slow
-def test_initialize_tiny_model_into_local_repository(python, scripts_env, tokenizer_dir, tmp_path, repo_root):
+def test_initialize_tiny_model_into_local_repository(run_all, tokenizer_dir, tmp_path, repo_root):
     """initialize_model.py, then checkpoints.py list / log / download on what it made, then a second initialize:
     in this order, in one process (tests/script_cases.py)."""
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    scripts_env["CODEPARROT_CACHE"] = str(tmp_path / "cache")
     repo, out = tmp_path / "models" / "tiny", tmp_path / "initial"
     initialize = ("initialize_model.py", ["--model-config", repo_root / "configs/model/tiny.yaml",
                                           "--tokenizer", tokenizer_dir, "--repo", repo])
-    proc, listing, log, download, again = run_cases(python, scripts_env, [
-        (repo_root / "scripts" / script, argv) for script, argv in [
-            (initialize[0], [*initialize[1], "--n_layer", "2"]),
-            ("checkpoints.py", ["list", repo]),
-            ("checkpoints.py", ["log", repo, "--branch", "main", "--json"]),
-            ("checkpoints.py", ["download", repo, "--revision", "main", "--output-dir", out]),
-            initialize]])
+    proc, listing, log, download, again = run_all([
+        (initialize[0], [*initialize[1], "--n_layer", "2"]),
+        ("checkpoints.py", ["list", repo]),
+        ("checkpoints.py", ["log", repo, "--branch", "main", "--json"]),
+        ("checkpoints.py", ["download", repo, "--revision", "main", "--output-dir", out]),
+        initialize])
     assert proc.returncode == 0, proc.stderr
     assert "parameters" in proc.stdout and "vocab 400" in proc.stdout
     assert listing.returncode == 0 and listing.stdout.splitlines()[1].split()[:2] == ["main", "-"]
@@ -103,10 +113,9 @@ def test_browse_and_promote_with_the_cli(run, tmp_path):
 
 
 @pytest.mark.slow
-def test_bad_inputs_are_one_line_errors_and_create_nothing(python, scripts_env, tokenizer_dir, tmp_path, repo_root):
+def test_bad_inputs_are_one_line_errors_and_create_nothing(run_all, tokenizer_dir, tmp_path, repo_root):
     """Every bad input of initialize_model.py and checkpoints.py, each run as `python scripts/NAME.py ...` in one
     process (tests/script_cases.py: the imports are paid once, not once per case)."""
-    scripts_env["CODEPARROT_CACHE"] = str(tmp_path / "cache")
     tiny = repo_root / "configs/model/tiny.yaml"
     new_repo = tmp_path / "new-repo"
     (tmp_path / "empty").mkdir()
@@ -141,7 +150,7 @@ def test_bad_inputs_are_one_line_errors_and_create_nothing(python, scripts_env, 
         ("checkpoints.py", ["promote", tmp_path / "repo", "--revision", "v9"], ["v9"]),
         ("checkpoints.py", ["log", tmp_path / "repo", "--branch", "ghost"], ["ghost"]),
     ]
-    results = run_cases(python, scripts_env, [(repo_root / "scripts" / script, argv) for script, argv, _ in cases])
+    results = run_all([(script, argv) for script, argv, _ in cases])
     for (script, argv, needles), proc in zip(cases, results):
         _one_line_error(proc, *needles)
     assert not new_repo.exists()
