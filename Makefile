@@ -5,8 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is installed first and pinned: an unpinned torch (and a pinned one from the default index on Linux)
 # pulls a multi-GB CUDA build. CUDA picks the build: `cpu` (the default) or a CUDA tag of PyTorch's wheel index
-# (cu126, cu128, ...), whose wheels carry their CUDA runtime (only the NVIDIA driver is needed):
-#   make install CUDA=cu126                          torch 2.13.0 built for CUDA 12.6
+# that the pinned release is published for (2.13: cu130, cu126; cu128 was dropped in 2.12). The wheels carry
+# their CUDA runtime; only the NVIDIA driver is needed, at least the one of that CUDA major version:
+#   make install CUDA=cu130                          torch 2.13.0 for CUDA 13.0 (PyTorch's default; driver >= 580)
+#   make install CUDA=cu126                          for CUDA 12.6: older drivers (>= 525); announced to go
 #   make install CUDA=cu128 TORCH="torch==2.9.1"     another release (>= 2.6: transformers 5 and FSDP2 need it)
 #   make install TORCH_INDEX="--index-url URL"       any other wheel source (TORCH_INDEX= : pip's default index)
 # The CPU build comes from a local wheel folder when it holds one for the default pin, else from PyTorch's CPU index.
@@ -56,7 +58,7 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: install test demo bench app gpu-data gpu-check clean help
 
 help:
-	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH), CUDA=$(CUDA): cpu or cu126, cu128, ...)"
+	@echo "make install   create $(VENV) and install the project (TORCH=$(TORCH), CUDA=$(CUDA): cpu, cu130 or cu126)"
 	@echo "make demo      run the whole pipeline on the embedded default corpus into $(DEMO_DIR)/ (FRESH=1 redoes every stage)"
 	@echo "make test      run the test suite on TEST_WORKERS=$(TEST_WORKERS) processes (0: one), slowest tests last"
 	@echo "make bench     print the benchmark table (also written to bench/results.md)"
@@ -77,10 +79,13 @@ $(TORCH_STAMP): | $(PY)
 	$(PY) -W ignore codeparrot/tools/torch_request.py "$(TORCH)" $(TORCH_BUILD) --floor $(TORCH_FLOOR)
 	printf '%s\n' '$(TORCH_REQUEST)' > $@
 
-# the project, with torch held at the installed build (a constraint: pip may not swap it for another)
+# the project, with torch held at the installed build (a constraint: pip may not swap it for another); then the
+# serving tests' text_generation client without its dependencies: it pins huggingface-hub<1.0, which transformers 5
+# rules out (pyproject.toml's dev extra lists the dependencies it does use)
 $(VENV)/.installed: pyproject.toml $(TORCH_STAMP)
 	$(PY) -W ignore -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/.torch-constraint
 	$(PY) -m pip install --quiet $(FIND_LINKS) -c $(VENV)/.torch-constraint -e ".[dev,distributed]"
+	$(PY) -m pip install --quiet $(FIND_LINKS) --no-deps "text-generation==0.7.0"
 	@$(PY) -c 'from codeparrot.training.launch_checks import torch_build_report; print(torch_build_report())'
 	touch $@
 

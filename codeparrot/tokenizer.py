@@ -7,9 +7,11 @@ learned on the training corpus:
   representable without an unknown token;
 - the initial alphabet is all 256 byte symbols, seen in the corpus or not;
 - decoding maps the symbols back to bytes (`ByteLevel` decoder): `decode(encode(text)) == text` exactly;
-- `<|endoftext|>` is the only special token and serves as BOS, EOS, UNK (never produced: every byte has
-  a symbol) and PAD (for batched generation). No BOS/EOS is added by `encode`: the training dataset joins
-  files with EOS itself.
+- `<|endoftext|>` (id 0) serves as BOS, EOS, UNK (never produced: every byte has a symbol) and PAD (for batched
+  generation). No BOS/EOS is added by `encode`: the training dataset joins files with EOS itself.
+- the four fill-in-the-middle sentinels `<fim_prefix>`, `<fim_middle>`, `<fim_suffix>`, `<fim_pad>` (ids 1-4,
+  StarCoder's spelling; codeparrot/fim) are reserved as special tokens inside `vocab_size`: 32,768 stays 32,768.
+  A tokenizer trained before they were reserved still loads; FIM asked of it is a one-line error.
 
 The result is saved as `tokenizer.json` + `tokenizer_config.json`, which `AutoTokenizer.from_pretrained`
 loads offline. `train_tokenizer_on_dataset(TokenizerTrainingConfig(...))` is the whole stage (what
@@ -34,6 +36,7 @@ from codeparrot.atomic_io import atomic_dir, atomic_write_json
 from codeparrot.config import REQUIRED, doc
 from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.tokens import FIM_TOKENS
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 
 EOS_TOKEN = "<|endoftext|>"
@@ -57,12 +60,14 @@ def wrap_tokenizer(tok):
 
     if tok.token_to_id(EOS_TOKEN) is None:
         raise CodeParrotError(f"tokenizer has no {EOS_TOKEN} token")
+    fim = [token for token in FIM_TOKENS if tok.token_to_id(token) is not None]
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=EOS_TOKEN,
         eos_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
+        extra_special_tokens=fim,  # skipped by decode(skip_special_tokens=True), saved in tokenizer_config.json
         # The cleanup pass would turn "a ." into "a." and break exact decoding.
         clean_up_tokenization_spaces=False,
     )
@@ -90,19 +95,20 @@ class _CountingIterator:
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 32768, length: int | None = None,
                     show_progress: bool = True):
-    """Train a byte-level BPE with `vocab_size` entries (256 bytes + EOS + merges) on `texts`.
+    """Train a byte-level BPE with `vocab_size` entries (EOS + the 4 FIM sentinels + 256 bytes + merges) on `texts`.
 
     `length` (the number of texts, when known) both limits how many are read and sizes the progress bar.
     Returns a `transformers.PreTrainedTokenizerFast`; `tokenizer.train_stats` holds the corpus size and time.
     """
 
-    min_vocab = 256 + 1
+    min_vocab = 256 + 1 + len(FIM_TOKENS)
     if vocab_size < min_vocab:
-        raise CodeParrotError(f"vocab_size must be at least {min_vocab} (256 bytes + {EOS_TOKEN}), got {vocab_size}")
+        raise CodeParrotError(f"vocab_size must be at least {min_vocab} (256 bytes + {EOS_TOKEN} + "
+                              f"{len(FIM_TOKENS)} FIM tokens), got {vocab_size}")
     tok = _byte_level_bpe()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],  # id 0
+        special_tokens=[EOS_TOKEN, *FIM_TOKENS],  # ids 0-4
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 byte symbols
         # The Rust trainer's bars print only blank lines where stderr is not a terminal (a log file).
         show_progress=show_progress and sys.stderr.isatty(),
@@ -191,8 +197,8 @@ class TokenizerTrainingConfig:
                              metavar="PATH_OR_GLOB")
     output_dir: str = doc(REQUIRED, "folder for the tokenizer (written atomically; an existing tokenizer there is "
                                     "replaced)")
-    vocab_size: int = doc(32768, "vocabulary size including the 256 byte symbols and <|endoftext|> (default: "
-                                 "32768, CodeParrot's)")
+    vocab_size: int = doc(32768, "vocabulary size including the 256 byte symbols, <|endoftext|> and the 4 FIM "
+                                 "tokens (default: 32768, CodeParrot's)")
     n_examples: int = doc(32768, "number of files to train on, taken in order from the start of the dataset "
                                  "(default: 32768, CodeParrot's)")
     text_column: str = doc("content", "JSON field holding the file's text")

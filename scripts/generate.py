@@ -3,10 +3,16 @@
     python scripts/generate.py --model REPO [--revision BRANCH_OR_COMMIT] --prompt "def fib(n):"
     echo "def fib(n):" | python scripts/generate.py --model REPO --prompt -
     python scripts/generate.py --model REPO --prompt-file stub.py --num-return-sequences 3 --seed 0
+    python scripts/generate.py --model REPO --prompt-file before.py --suffix-file after.py   # fill in the middle
 
 The prompt is EOS + the stripped prompt and a completion ends at EOS or at the first HumanEval stop string
 (\\nclass, \\ndef, \\n#, \\n@, \\nprint, \\nif), exactly as `scripts/human_eval.py` scores it, so what you see
 here is what HumanEval would execute. Sample 1 streams live; further samples are printed when done.
+
+With --suffix or --suffix-file the model fills in the middle between the prompt and the suffix (fill-in-the-middle,
+docs/fim.md): it reads <fim_prefix> prompt <fim_suffix> suffix <fim_middle>, nothing stripped, and the middle ends
+at EOS or a FIM sentinel (never shown); the output is prompt + middle + suffix. The model's tokenizer must have
+the FIM tokens.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""What the recipe gets on this device: versions and peak, GEMM/copy ceilings, attention backends, loss variants,
-training-step variants (tokens/s, MFU, memory, recompiles), a profile, and an end-to-end CLI run with resume.
-Results go to OUTPUT_DIR/gpu_check.json and gpu_check.md after every stage. `--smoke`: the tiny preset on any
-device (CI runs it). See codeparrot/tools/gpu_check/__init__.py for the stages."""
+"""What the recipe gets on this device, in one call bounded by --minutes (default 8): the training CLI at the
+recipe's global batch (micro-batch 12 and auto), a per-kernel profile, the 1.5B preset's largest micro-batch and
+MFU, a plain-JAX peer of the same step, then versions and peak, GEMM/copy ceilings, attention backends, loss
+variants, training-step variants and an end-to-end CLI run with resume. A stage that does not fit in what is left
+is recorded as skipped, never estimated. Results go to OUTPUT_DIR/gpu_check.json and gpu_check.md after every
+stage. `--smoke`: the tiny preset on any device (CI runs it). See codeparrot/tools/gpu_check/__init__.py."""
 
 from __future__ import annotations
 

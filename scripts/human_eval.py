@@ -3,6 +3,7 @@
     accelerate launch scripts/human_eval.py --model REPO [--revision REV] --output results.json --allow-code-execution
     python scripts/human_eval.py --completions samples.jsonl --output results.json --allow-code-execution
     python scripts/human_eval.py --canonical --output canonical.json --allow-code-execution   # scorer self-check
+    python scripts/human_eval.py --benchmark single-line --model REPO --output infill.json --allow-code-execution
 
 CodeParrot's protocol by default: prompt = EOS + the stripped prompt, 200 samples per task, top-p 0.95,
 256 new tokens, stop at EOS or at the first of \\nclass \\ndef \\n# \\n@ \\nprint \\nif in the completion
@@ -14,6 +15,11 @@ Model-generated code is executed only with --allow-code-execution (or CODEPARROT
 each program in its own sandboxed process (see codeparrot/sandbox/). Without it, samples are saved and
 the command that scores them is printed. Outputs: results.json (config, pass@k per temperature, best per
 k, per-task pass counts, execution statuses), <output>.samples.jsonl, <output>.executions.jsonl.
+
+--benchmark single-line / multi-line: HumanEval's infilling benchmarks (1,033 / 5,815 tasks derived from the
+canonical solutions): the model fills in the middle between a prompt and a suffix (fill-in-the-middle; its
+tokenizer needs the FIM tokens), a middle ends at EOS, and prompt + middle + suffix runs against the tests in the
+same sandbox; pass@k and exact match of the middle are reported (docs/fim.md).
 """
 
 from __future__ import annotations
@@ -33,9 +39,14 @@ from codeparrot.humaneval.config import HumanEvalConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from codeparrot.humaneval.scoring import run  # after parsing: --help stays fast
+    config = parse_config(HumanEvalConfig, argv, __doc__)
+    if config.benchmark != "humaneval":  # imported after parsing: --help stays fast
+        from codeparrot.humaneval.infill_run import run_infilling
 
-    return run(parse_config(HumanEvalConfig, argv, __doc__))
+        return run_infilling(config)
+    from codeparrot.humaneval.scoring import run
+
+    return run(config)
 
 
 if __name__ == "__main__":

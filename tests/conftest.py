@@ -1,4 +1,4 @@
-"""Shared fixtures. Every test runs offline: no Hub, W&B offline, tokenizers single-threaded."""
+"""Shared fixtures. Every test runs offline: no Hub, W&B offline, tokenizers and torch single-threaded."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# One thread per process (here, before torch is imported, and in every process the tests start): `make test` runs
+# one pytest worker per core and the training runs they launch add more; torch's default, a thread per core in
+# each, oversubscribes the cores, and waiting OpenMP threads spin (a tiny training step measured 1,100 ms of CPU
+# at 2 threads on the busy 2-core machine, 70 ms at 1). Tests about thread counts set their own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The CPU's matmul peak (the MFU denominator) is given, not measured, in the training runs the tests start: a
+# measurement on a busy machine is not cached, so every run would spend ~2 s of large matmuls on it. The
+# measurement itself is tested where it matters (test_mfu.py, test_resume.py's uninterrupted run, test_bench.py).
+os.environ.setdefault("CODEPARROT_PEAK_TFLOPS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What the "memorized" tiny model learned (`tiny_models`): greedy decoding from the first signature gives the

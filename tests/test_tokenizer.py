@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim import FIM_TOKENS, fim_token_ids
 from codeparrot.tokenizer import (
     EOS_TOKEN,
     STATS_FILE,
@@ -68,8 +69,11 @@ def test_gpt2_byte_level_properties(tokenizer):
     from tokenizers import pre_tokenizers
 
     assert len(tokenizer) == VOCAB
-    # <|endoftext|> is the one special token and plays every role; encode adds nothing around the text.
-    assert tokenizer.all_special_tokens == [EOS_TOKEN]
+    # <|endoftext|> plays every role; the FIM sentinels are reserved inside the vocabulary size (ids 1-4, looked
+    # up by string); encode adds nothing around the text.
+    assert tokenizer.all_special_tokens == [EOS_TOKEN, *FIM_TOKENS]
+    assert fim_token_ids(tokenizer).all() == (1, 2, 3, 4)
+    assert tokenizer.decode(tokenizer.encode("<fim_prefix>a<fim_suffix>b<fim_middle>c"), skip_special_tokens=True) == "abc"
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     assert tokenizer.bos_token_id == tokenizer.eos_token_id == tokenizer.unk_token_id == tokenizer.pad_token_id == eos
     assert EOS_TOKEN not in tokenizer.convert_ids_to_tokens(tokenizer.encode("x = 1"))
@@ -103,7 +107,7 @@ def test_training_is_deterministic(split):
 
 
 def test_training_bad_input():
-    with pytest.raises(CodeParrotError, match="at least 257"):
+    with pytest.raises(CodeParrotError, match="at least 261"):
         train_tokenizer(["x = 1"], vocab_size=100)
     with pytest.raises(CodeParrotError, match="no texts"):
         train_tokenizer([], vocab_size=300, show_progress=False)
@@ -121,7 +125,27 @@ def test_saved_tokenizer_loads_offline_with_autotokenizer(tokenizer, tmp_path, s
         assert tok.encode(stdlib_texts[0]) == tokenizer.encode(stdlib_texts[0])
         assert tok.decode(tok.encode(ROUND_TRIP_CASES["crlf"])) == ROUND_TRIP_CASES["crlf"]
         assert tok.eos_token == EOS_TOKEN and tok.pad_token_id == tok.eos_token_id
+        assert fim_token_ids(tok) == fim_token_ids(tokenizer) and tok.all_special_tokens == [EOS_TOKEN, *FIM_TOKENS]
     assert json.loads((tmp_path / "tok" / STATS_FILE).read_text())["valid_bytes_per_token"] == 3.5
+
+
+def test_a_tokenizer_from_before_fim_loads_and_fim_on_it_is_one_line(tmp_path):
+    """A tokenizer trained with <|endoftext|> only (every tokenizer before the FIM tokens were reserved)."""
+    from tokenizers import pre_tokenizers, trainers
+
+    from codeparrot.tokenizer import _byte_level_bpe, wrap_tokenizer
+
+    old = _byte_level_bpe()
+    old.train_from_iterator(["def f(x):\n    return x\n"] * 20, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[EOS_TOKEN], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    save_tokenizer(wrap_tokenizer(old), tmp_path / "old")
+    loaded = load_tokenizer(str(tmp_path / "old"))
+    assert loaded.all_special_tokens == [EOS_TOKEN]
+    with pytest.raises(CodeParrotError) as error:
+        fim_token_ids(loaded, "--suffix")
+    assert "\n" not in str(error.value) and str(error.value).startswith("--suffix needs the FIM tokens")
+    assert "lacks <fim_prefix>, <fim_middle>, <fim_suffix>, <fim_pad>" in str(error.value)
 
 
 def test_load_tokenizer_errors(tmp_path):

@@ -4,7 +4,7 @@
 - `models.py`: the bounded cache of loaded models, keyed by (branch, checkpoint commit);
 - `workspace.py`: what every tab shares: the repository reference, the cache, one-line error handling;
 - `pickers.py`: the branch + checkpoint dropdowns; `losses.py`: validation loss vs tokens seen, several branches;
-- `complete.py`, `highlight.py`, `experiments.py`, `data.py`: one tab each;
+- `complete.py`, `infill.py` (fill-in-the-middle), `highlight.py`, `experiments.py`, `data.py`: one tab each;
 - `server.py`: the Blocks page and `serve()`.
 
 Gradio is imported lazily by the tab modules (an optional, heavy dependency); the rest of the project never

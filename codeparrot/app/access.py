@@ -12,23 +12,13 @@ nothing of what it holds). The number of batches evaluated per checkpoint is bou
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.loopback import is_loopback
 
 MAX_EVAL_STEPS = 256  # batches per checkpoint one request may ask for (each costs a forward pass per checkpoint)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the app reachable from this machine only."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
 
 
 def parse_credentials(auth: str | None, auth_file: str | None) -> list[tuple[str, str]] | None:

@@ -1,4 +1,4 @@
-"""The app's page (four tabs) and its server: `build_app` makes the Blocks, `start` serves it without blocking.
+"""The app's page (five tabs) and its server: `build_app` makes the Blocks, `start` serves it without blocking.
 
 Everything Gradio could contact beyond loopback is off (`codeparrot.app.offline`); the server binds the given
 host (127.0.0.1 by default; any other needs a login or --allow-unauthenticated: codeparrot/app/access.py). Requests queue per event (Gradio's default, one at a time per button), and one
@@ -17,6 +17,7 @@ from codeparrot.app.config import AppConfig
 from codeparrot.app.data import build_data_tab
 from codeparrot.app.experiments import build_experiments_tab
 from codeparrot.app.highlight import build_highlight_tab
+from codeparrot.app.infill import build_infill_tab
 from codeparrot.app.models import ModelCache
 from codeparrot.app.offline import go_offline, launch_kwargs
 from codeparrot.app.workspace import Workspace
@@ -28,15 +29,17 @@ CSS = ".cp-code textarea { font-family: ui-monospace, 'DejaVu Sans Mono', Menlo,
 
 
 def build_app(ws: Workspace):
-    """The Blocks page for `ws`: tabs Complete, Highlight, Experiments, Data."""
+    """The Blocks page for `ws`: tabs Complete, Infill, Highlight, Experiments, Data."""
     go_offline()
     import gradio as gr
 
     with gr.Blocks(title=f"{TITLE} · {ws.ref}", analytics_enabled=False) as demo:
-        gr.Markdown(f"# {TITLE}\nModel repository **`{ws.ref}`** — complete, highlight and compare its checkpoints.")
+        gr.Markdown(f"# {TITLE}\nModel repository **`{ws.ref}`** — complete, fill in, highlight and compare its checkpoints.")
         with gr.Tabs():
             with gr.Tab("Complete", id="complete"):
                 build_complete_tab(ws)
+            with gr.Tab("Infill", id="infill"):
+                build_infill_tab(ws)
             with gr.Tab("Highlight", id="highlight"):
                 build_highlight_tab(ws)
             with gr.Tab("Experiments", id="experiments"):

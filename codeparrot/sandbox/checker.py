@@ -1,16 +1,24 @@
 """The trusted checker: runs the test's assertions in a process no program code ever runs in (stdlib only).
 
-Forked by the worker (`job.py`) for each job, beside the program's process. It executes the prompt alone (the
-problem's own helpers, e.g. `poly`, `encode_cyclic`: trusted text) and the test in a fresh namespace of
-its own interpreter, then calls `check(candidate)` where `candidate` is a proxy: each call sends the
-arguments over the call pipe as plain data (`channel`), and the program's process (`child.serve_candidate`)
-runs the real function and sends back its return value, or the name and message of the exception it
-raised, as plain data. So the verdict is computed by code and objects the program cannot reach: no nonce
-to steal, no frame or module to patch, no `__eq__` of its own in the comparison.
+Forked by the worker (`job.py`) for each job, beside the program's process, in the worker's memory cgroup.
+It executes the prompt alone (the problem's own helpers, e.g. `poly`, `encode_cyclic`: trusted text) and
+the test, rewritten by `rewrite.record_all` in the server, in a fresh namespace of its own interpreter,
+then calls `check(candidate)` where `candidate` is a proxy: each call sends the arguments over the call
+pipe as plain data (`channel`), and the program's process (`child.serve_candidate`) runs the real function
+and sends back its return value, or the name and message of the exception it raised, as plain data. So
+the verdict is computed by code and objects the program cannot reach: no nonce to steal, no frame or
+module to patch, no `__eq__` of its own in the comparison.
+
+Every call of the test runs whatever the answers: failed assertions and exceptions (the candidate's own,
+re-raised here) are recorded, the next statement runs, and the verdict is decided after the last call
+(`rewrite.py`). So a passing and a failing program see the same calls and are ended the same way: being
+called again tells a program nothing. A reply is decoded only within `channel.MAX_FRAME` bytes and
+`channel.MAX_VALUES` values; a larger one is that call's failure.
 
 The verdict is one line on a pipe only the server holds:
-  `P`            check(candidate) returned;
-  `F <detail>`   it raised (the assertion, or the candidate's exception, or a reply that is not plain data);
+  `P`            check(candidate) returned and nothing was recorded;
+  `F <detail>`   something was recorded (the first: the assertion, the candidate's exception, a reply that
+                 is not plain data or too large), or the test itself failed;
   `X <detail>`   the program's process ended or broke the protocol (the server then asks how it ended);
   `N <reason>`   the test cannot run this way (an argument that is not plain data): the sample fails with
                  that reason, or, only with `SandboxConfig.in_process_fallback`, reruns in-process (marked).
@@ -18,8 +26,10 @@ The verdict is one line on a pipe only the server holds:
 
 import builtins
 import os
+import types
 
 import channel
+import rewrite
 
 FALLBACK_EXIT = 3  # the checker's exit code after writing an `N` verdict
 
@@ -63,6 +73,8 @@ def make_proxy(call_fd: int, reply_fd: int, entry_point: str):
             raise _ProgramEnded("the program ended during a call")
         try:
             reply = channel.loads(frame)
+        except channel.TooLarge as err:  # decoded, it could hold far more memory than its bytes: this call fails
+            raise TypeError(f"{entry_point}() returned {err}, more than the checker decodes")
         except ValueError as err:
             raise _ProgramEnded(f"the program sent a malformed reply ({err})")
         if type(reply) is not dict or len(reply) != 1:
@@ -87,8 +99,9 @@ def _detail(err: BaseException) -> str:
     return text.replace("\n", " ")[:500]
 
 
-def check(job: dict, call_fd: int, reply_fd: int) -> tuple[str, str]:
-    """(verdict letter, detail) for `job` (prompt, test, entry_point), the candidate behind the two fds."""
+def check(job: dict, call_fd: int, reply_fd: int, test_code) -> tuple[str, str]:
+    """(verdict letter, detail) for `job` (prompt, entry_point), the candidate behind the two fds and the
+    test's code from `rewrite.record_all` (or the exception compiling it raised)."""
     namespace = {"__name__": "__checker__", "__builtins__": builtins}
     try:
         if job["prompt"]:
@@ -104,25 +117,75 @@ def check(job: dict, call_fd: int, reply_fd: int) -> tuple[str, str]:
         return "X", "the program ended before the check"
     candidate = make_proxy(call_fd, reply_fd, job["entry_point"])
     namespace[job["entry_point"]] = candidate
+    # The same few operations whether an answer is right or wrong (no exception raised for a failed
+    # assertion): what the program could time between its reply and the next call barely differs.
+    failures = [0, "", None]  # how many, the first one's detail, its message and the values it reads
+
+    def failed(ok, detail, message=None):
+        if not ok:
+            failures[0] += 1
+            if failures[0] == 1:
+                failures[1] = detail
+                if message is not None:  # evaluated after the last call, with the values of now
+                    try:
+                        failures[2] = (message, [cell.cell_contents for cell in message.__closure__ or ()])
+                    except ValueError:  # a name not bound yet: the source text will do
+                        pass
+
+    def record(err):
+        failures[0] += 1
+        if failures[0] == 1:
+            failures[1] = _detail(err)
+
+    namespace.update({rewrite.ASSERT: failed, rewrite.RECORD: record, rewrite.EXCEPTION: Exception})
     try:
-        exec(compile(job["test"], "<test>", "exec"), namespace)
+        if isinstance(test_code, BaseException):
+            raise test_code
+        exec(test_code, namespace)
         test_check = namespace.get("check")
         if test_check is None:
             return "F", "NameError: the test does not define check()"
         test_check(candidate)
-    except _ProgramEnded as err:
-        return "X", str(err)
+        _hang_up(call_fd)
+    except _ProgramEnded as err:  # after a recorded failure, that failure is the better detail
+        return ("F", _message(failures[1], failures[2])) if failures[0] else ("X", str(err))
     except _NeedsInProcess as err:
         return "N", str(err)
     except BaseException as err:
-        return "F", _detail(err)
-    return "P", ""
+        _hang_up(call_fd)
+        record(err)
+    if not failures[0]:
+        return "P", ""
+    return "F", _message(failures[1], failures[2])
 
 
-def run(job: dict, call_fd: int, reply_fd: int, verdict_fd: int) -> None:
+def _hang_up(call_fd: int) -> None:
+    """End of input for the program, before any failure is put into words: it ends at the same moment
+    whether its answers were right or wrong (formatting a message may take a while)."""
+    try:
+        os.close(call_fd)
+    except OSError:
+        pass
+
+
+def _message(detail: str, message) -> str:
+    """The first failed assertion's detail with its message evaluated now, after the last call, on the
+    values its names had when it failed (the source text when that fails)."""
+    if message is None:
+        return detail
+    function, values = message
+    cells = tuple(types.CellType(value) for value in values) or None
+    try:
+        text = str(types.FunctionType(function.__code__, function.__globals__, closure=cells)())
+    except Exception:  # noqa: BLE001 - a message that does not evaluate: its source text stays
+        return detail
+    return ("AssertionError: " + text).replace("\n", " ")[:500]
+
+
+def run(job: dict, call_fd: int, reply_fd: int, verdict_fd: int, test_code) -> None:
     """Entry point in the forked checker process: check, write the verdict line, exit. Never returns."""
     try:
-        letter, detail = check(job, call_fd, reply_fd)
+        letter, detail = check(job, call_fd, reply_fd, test_code)
     except BaseException as err:  # noqa: BLE001 - a bug here is reported as the checker's, not a verdict
         letter, detail = "E", "checker: " + _detail(err)
     try:

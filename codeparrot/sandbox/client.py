@@ -35,7 +35,10 @@ Enforced by the kernel (real boundaries):
   memory, process spawning unless `allow_processes`); without a PID namespace and a private uid
   (guard-only mode) also no signal to any process but the program itself, whoever issues it;
 - a memory cgroup per worker (`cgroup.py`) where cgroup v2 or v1's memory controller is writable:
-  `memory_mb` bounds everything a program holds (heap, tmpfs workspace, shared memory, kernel buffers);
+  `memory_mb` bounds everything a program and its checker hold (heap, tmpfs workspace, shared memory,
+  kernel buffers);
+- nothing shared two programs running side by side can signal through: no file locks (every worker's view
+  holds the same inodes), no shared-futex wakes, no host-wide /proc files, no `sysinfo`;
 - programs descend from a zygote forked before the first job: the test and other jobs' text are never in
   a program's memory;
 - an empty environment (HOME and TMPDIR point at the workspace), stdin/stdout/stderr on /dev/null.
@@ -48,7 +51,11 @@ inside C functions, so `posix.*` calls are covered too, but a hook in the same i
 security boundary: functions without an audit event (`os.pidfd_open` + `signal.pidfd_send_signal`,
 `os.sched_setaffinity`, ...) are removed before it installs, yet a program can rebuild those modules, and
 any syscall made from native code (an extension module loaded under another name) is invisible to it.
-Only the kernel layers stop those. See `child.py` for the guard's rules.
+Only the kernel layers stop those. See `guard.py` for the guard's rules. Where it would be the only
+barrier (no namespaces, no private uid) the sandbox refuses to start without `allow_guard_only=True`.
+
+A program runs once: whatever happens after its job reached a worker is its result (the sandbox's own
+failures as "error", detail "sandbox: ..."), and the worker is replaced after such a failure.
 
 Not restricted: CPU use within the limits; without a writable memory cgroup, memory across processes
 beyond RLIMIT_AS x RLIMIT_NPROC (printed as a weaker mode at start). Without the minimal view, reading files
@@ -153,23 +160,42 @@ class Sandbox:
         return self.layers
 
     def _execute(self, slot: int, program: Program, timeout: float) -> ExecResult:
+        """Run `program` on worker `slot`. Never twice: once the job has reached the worker, whatever happens
+        is this program's result, the sandbox's own failures included ("error", detail "sandbox: ..." or the
+        harness's reason), and the worker is replaced after one (its state is unknown). Only when no worker
+        could take the job (it failed to start, or was found dead, its pipe broken, before reading it) is the
+        job handed to a new one, once."""
         job = {"prompt": program.prompt, "completion": program.completion, "test": program.test,
                "entry_point": program.entry_point, "timeout": timeout}
-        last = "unknown"
-        for _attempt in range(2):  # a broken worker is replaced and the program retried once
+        result = ExecResult("error", "harness: no worker")
+        for _attempt in range(2):
             try:
-                reply = self._server(slot).request(job, timeout)
+                server = self._server(slot)
+                server.send(job)
+            except Exception as err:  # noqa: BLE001 - the program never ran: a new worker may take it
+                result = ExecResult("error", f"harness: {type(err).__name__}: {err}")
+                self._replace(slot)
+                continue
+            try:
+                reply = server.receive(timeout)
+            except Exception as err:  # noqa: BLE001 - any harness failure is this program's error, not the run's
+                result = ExecResult("error", f"harness: {type(err).__name__}: {err}")
+            else:
                 if reply.get("status") != "error":
                     return ExecResult(reply["status"], reply.get("detail", ""), float(reply.get("seconds", 0.0)),
                                       reply.get("checker", ""))
-                last = reply.get("detail", "")
-            except Exception as err:  # noqa: BLE001 - any harness failure is this program's error, not the run's
-                last = f"{type(err).__name__}: {err}"
-            server = self._servers[slot]
-            if server is not None:
-                server.kill()
-                self._servers[slot] = None
-        return ExecResult("error", last)
+                result = ExecResult("error", reply.get("detail", "") or "sandbox: unknown failure",
+                                    float(reply.get("seconds", 0.0)), reply.get("checker", ""))
+            self._replace(slot)
+            return result
+        return result
+
+    def _replace(self, slot: int) -> None:
+        """Kill worker `slot`; the next job there starts a new one."""
+        server = self._servers[slot]
+        if server is not None:
+            server.kill()
+            self._servers[slot] = None
 
     def run(self, programs: Sequence[Program], on_result: Callable[[int, ExecResult], None] | None = None,
             timeout: float | None = None) -> list[ExecResult]:

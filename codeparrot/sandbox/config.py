@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from codeparrot.errors import CodeParrotError
 
 ALLOW_ENV = "CODEPARROT_ALLOW_CODE_EXECUTION"
+GUARD_ONLY_ENV = "CODEPARROT_SANDBOX_ALLOW_GUARD_ONLY"
 
 
 def code_execution_allowed(flag: bool = False) -> bool:
@@ -28,6 +29,9 @@ class SandboxConfig:
     uid_base: int | None = None  # private uids uid_base + worker index; None: a random unused range
     guard: bool = True  # the audit-hook containment rules (integrity rules are always on)
     allow_root: bool = False  # run programs as root when the private uid is impossible (guard only!)
+    # Run where the kernel offers no namespaces and no private uid (not root, no user namespaces): the
+    # audit-hook guard, advisory, is then the last barrier. Refused without it (or GUARD_ONLY_ENV=1).
+    allow_guard_only: bool = field(default_factory=lambda: os.environ.get(GUARD_ONLY_ENV, "") == "1")
     allow_processes: bool = False  # let programs fork/exec (else the seccomp filter refuses every spawn)
     # Programs see only the interpreter, its standard and shared libraries, a few devices, /proc and their
     # workspace (rootfs.py); False: the host's tree, read-only, with the home folders covered.

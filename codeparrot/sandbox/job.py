@@ -19,10 +19,27 @@ import time
 import cgroup
 import channel
 import checker
+import rewrite
 from cgroup import MEMORY_GROUP
 from cleanup import remove_tree
 from kernel import PR_SET_DUMPABLE, PR_SET_PDEATHSIG, prctl, probe
-from verdict import WATCHDOG_ERROR, classify
+from verdict import WATCHDOG_ERROR, classify, watchdog_report
+
+_TESTS = {}  # test text -> (its code as `rewrite.record_all` makes it, or the exception that raised; notes)
+_TESTS_KEPT = 512  # distinct tests cached (a HumanEval run has 164)
+
+
+def _test_code(test: str) -> tuple:
+    """The rewritten test, compiled once per distinct test in the server and inherited by each checker it
+    forks (about 1 ms, the first time), and what `rewrite.answer_dependent` names."""
+    if test not in _TESTS:
+        if len(_TESTS) >= _TESTS_KEPT:
+            _TESTS.clear()
+        try:
+            _TESTS[test] = rewrite.prepare(test)
+        except BaseException as err:  # noqa: BLE001 - the checker reports it as the test's failure
+            _TESTS[test] = (err, [])
+    return _TESTS[test]
 
 
 def _reap_orphans() -> None:
@@ -63,9 +80,11 @@ def _sweep_uid(uid: int) -> None:
     probe(killer)
 
 
-def _checker(cfg: dict, job: dict, call_w: int, reply_r: int, verdict_w: int, unused) -> None:
-    """Child of the server: the trusted checker (see checker.py), with limits. Never returns."""
+def _checker(cfg: dict, job: dict, call_w: int, reply_r: int, verdict_w: int, unused, test_code) -> None:
+    """Child of the server: the trusted checker (see checker.py), with limits, born in the worker's memory
+    cgroup (its memory counts in the same `memory_mb` as the program's). Never returns."""
     try:
+        cgroup.oom_score_adj(0)  # after the program, before the worker (which is -1000 where we may say so)
         for fd in unused:
             os.close(fd)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -84,7 +103,7 @@ def _checker(cfg: dict, job: dict, call_w: int, reply_r: int, verdict_w: int, un
             os.write(verdict_w, f"E checker setup: {err}".encode())
         finally:
             os._exit(WATCHDOG_ERROR)
-    checker.run(job, call_w, reply_r, verdict_w)
+    checker.run(job, call_w, reply_r, verdict_w, test_code)
 
 
 def _wait_readable(fd: int, deadline: float) -> bool:
@@ -125,12 +144,14 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
     code = {"prompt": job["prompt"], "completion": job["completion"], "entry_point": job.get("entry_point")}
     if not isolated:
         code["test"] = job["test"]  # the in-process fallback: the test runs beside the program (marked)
-    check_pid = None
+    check_pid, notes = None, []
     if isolated:
+        test_code, notes = _test_code(job["test"])
         check_pid = os.fork()
         if check_pid == 0:
             _checker(cfg, job, call_w, reply_r, verdict_w,
-                     unused=ours + [call_r, reply_w, verdict_r, code_w, stop_w, status_r, control.fileno()])
+                     unused=ours + [call_r, reply_w, verdict_r, code_w, stop_w, status_r, control.fileno()],
+                     test_code=test_code)
         for fd in (call_r, reply_w, call_w, reply_r, verdict_w):
             os.close(fd)
     try:
@@ -169,20 +190,22 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
         if not _wait_readable(status_r, time.monotonic() + 10):
             raise RuntimeError("the watchdog did not end the program")  # the worker is replaced
         timed_out = verdict[0] in ("", "X")
-    reply = _drain(status_r)
+    status, watchdog_failure = watchdog_report(_drain(status_r))  # the program's wait status, or why not
     os.close(status_r)
-    status = int.from_bytes(reply[:4], "little") if len(reply) >= 4 else WATCHDOG_ERROR << 8
     if not layers["pid_namespace"] and layers["uid"] is not None:
         _sweep_uid(layers["uid"])  # setsid escapees outside the program's group: by uid, not by pid
     data, errors = _drain(res_r), _drain(err_r)
     os.close(res_r)
     os.close(err_r)
-    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     remove_tree(os.path.join(cfg["workspace"], f"job-{job['_n']}"))
     _reap_orphans()
     mode = job.get("_mode_detail", "in-process" + ("" if job.get("entry_point") else " (the test is the program)"))
-    if errors.strip():
-        state, detail = classify(data, errors, nonce, code, timed_out, timeout)
+    # The sandbox's own failures come only from channels the program never holds (the watchdog's report,
+    # the setup's error pipe, closed before program code runs): never from the program's exit status.
+    if watchdog_failure:
+        state, detail = "error", "sandbox: " + watchdog_failure
+    elif errors.strip():
+        state, detail = "error", "sandbox: " + errors.decode("utf-8", "replace").strip().splitlines()[0][2:]
     elif verdict[0] == "P":
         state, detail = "passed", ""
     elif verdict[0] == "F" and verdict[1].startswith("MemoryError"):  # the candidate hit RLIMIT_AS
@@ -201,11 +224,11 @@ def run_job(cfg: dict, layers: dict, job: dict, zygote) -> dict:
         state, detail = "failed", (f"not checked: {verdict[1]}; the in-process fallback (the test in the "
                                    f"program's process) is off (SandboxConfig.in_process_fallback)")
     else:
-        state, detail = classify(data, errors, nonce, code, timed_out, timeout, accept_pass=not isolated)
-        if isolated and state == "failed" and detail.startswith("exited with code") and verdict[1]:
-            detail = verdict[1]
+        state, detail = classify(data, nonce, status, timed_out, timeout, accept_pass=not isolated)
+        if isolated and state == "failed" and detail.startswith("the program exited") and verdict[1]:
+            detail += f" ({verdict[1]})"
     if state in ("killed", "failed") and MEMORY_GROUP and \
             cgroup.oom_kills(MEMORY_GROUP["dir"], MEMORY_GROUP["kind"]) > oom_before:
         state, detail = "killed", f"memory limit (cgroup, {int(cfg['memory_mb'])} MiB)"
-    return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4),
-            "checker": "isolated" if isolated else mode}
+    where = "isolated" + (f"; answer-dependent calls: {', '.join(notes)}" if notes else "") if isolated else mode
+    return {"status": state, "detail": detail, "seconds": round(time.monotonic() - start, 4), "checker": where}

@@ -29,7 +29,10 @@ import seccomp
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWIPC, MS_NOEXEC, MNT_DETACH = 0x08000000, 8, 2
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+# The program's own /proc shows process folders only (Linux 5.8+): none of the host-wide files (/proc/locks,
+# meminfo, stat, loadavg, sys/...) whose counters another program could move to signal to it.
+PROC_OPTIONS = "subset=pid"
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442  # 442 on every arch
 MOUNT_ATTR_NOEXEC = 8
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
@@ -144,15 +147,15 @@ def _seccomp_works() -> bool:
     return probe(check)
 
 
-def _fresh_proc_works() -> bool:
-    """Can a program, as pid 1 of a new PID + mount namespace, mount its own /proc (and a tmpfs)?"""
+def _fresh_proc_works(options=None) -> bool:
+    """Can a program, as pid 1 of a new PID + mount namespace, mount its own /proc (with `options`)?"""
     def check():
         unshare(CLONE_NEWPID | CLONE_NEWNS)
         pid = os.fork()
         if pid == 0:
             try:
-                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                os._exit(0 if os.listdir("/proc/1") else 1)
+                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+                os._exit(0 if os.listdir("/proc/1") and not (options and os.path.exists("/proc/meminfo")) else 1)
             except BaseException:
                 os._exit(1)
         if os.waitpid(pid, 0)[1] != 0:
@@ -237,6 +240,7 @@ def setup(cfg: dict, enter_root=None) -> dict:
               "readonly_root": False, "workspace_tmpfs": False, "pid_namespace": False, "uid": None,
               "hidden_homes": [], "seccomp": False, "ipc_namespace": False, "fresh_proc": False,
               "program_seccomp": False, "spawning": False, "guard": bool(cfg["guard"]), "sys_path": list(sys.path),
+              "proc_options": None,
               "path_map": [], "notes": []}
     root, ws = os.geteuid() == 0, cfg["workspace"]
     uid = int(cfg["uid"]) if root and cfg.get("uid") is not None else None
@@ -317,6 +321,11 @@ def setup(cfg: dict, enter_root=None) -> dict:
     if layers["pid_namespace"]:
         layers["ipc_namespace"] = probe(lambda: unshare(CLONE_NEWPID | CLONE_NEWIPC))
         layers["fresh_proc"] = layers["readonly_root"] and _fresh_proc_works()
+        if layers["fresh_proc"]:
+            layers["proc_options"] = PROC_OPTIONS if _fresh_proc_works(PROC_OPTIONS) else None
+            if layers["proc_options"] is None:
+                layers["notes"].append(f"no /proc {PROC_OPTIONS} (kernel < 5.8): programs see host-wide /proc files "
+                                       "(meminfo, stat, loadavg, sys/...) another program can move")
     # Without a PID namespace and a private uid the program could signal or ptrace our processes.
     if not layers["pid_namespace"] and uid is None:
         layers["seccomp"] = _seccomp_works()
@@ -327,11 +336,18 @@ def setup(cfg: dict, enter_root=None) -> dict:
 
 def refusal(cfg: dict, layers: dict) -> str:
     """Why these layers are not enough to run anything ("" when they are). Root without the private uid
-    could undo every namespace and kill every process on the machine: never without an explicit opt-in."""
+    could undo every namespace and kill every process on the machine, and without namespaces and a private
+    uid the audit-hook guard (advisory: it sees only what CPython announces) is the last barrier: neither
+    without an explicit opt-in."""
     notes = "; ".join(layers["notes"])
     if os.geteuid() == 0 and layers["uid"] is None and not cfg.get("allow_root"):
         return ("programs would run as root (" + (notes or "drop_privileges is off") + "); fix that, or "
                 "accept the audit-hook guard as the only barrier with allow_root")
     if layers["uid"] is None and not layers["user_namespace"] and not cfg["guard"]:
         return "no isolation layer is active and the guard is off: refusing to run programs unsandboxed"
+    if layers["uid"] is None and not layers["user_namespace"] and not (cfg.get("allow_guard_only")
+                                                                       or cfg.get("allow_root")):
+        return ("no namespaces and no private uid (" + (notes or "namespaces off") + "): the audit-hook guard "
+                "would be the last barrier, and it is advisory; fix that, or accept it with "
+                "SandboxConfig(allow_guard_only=True) or CODEPARROT_SANDBOX_ALLOW_GUARD_ONLY=1")
     return ""

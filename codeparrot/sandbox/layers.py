@@ -26,15 +26,16 @@ def describe_layers(layers: dict) -> str:
     if layers.get("ipc_namespace"):
         parts.append("IPC namespace per program (SysV/POSIX IPC dies with it)")
     if layers.get("fresh_proc"):
-        parts.append("own /proc per program (host processes invisible) + per-program tmpfs workspace")
+        parts.append("own /proc per program (host processes invisible" + (", process folders only"
+                     if layers.get("proc_options") else "") + ") + per-program tmpfs workspace")
     if layers.get("memory_cgroup"):
-        parts.append(f"memory cgroup {layers['memory_cgroup']} per worker (everything a program holds: heap, "
-                     "tmpfs, shared memory, kernel buffers)")
+        parts.append(f"memory cgroup {layers['memory_cgroup']} per worker (everything a program and its checker "
+                     "hold: heap, tmpfs, shared memory, kernel buffers)")
     else:
         parts.append("no memory cgroup (memory bounded by the address-space limit and the syscall allowlist)")
     if layers.get("program_seccomp"):
-        parts.append("seccomp syscall allowlist (no executable memory, no sockets, no IPC, memfd, io_uring, keys"
-                     + (")" if layers.get("spawning") else ", no process spawning)"))
+        parts.append("seccomp syscall allowlist (no executable memory, no sockets, no IPC, memfd, io_uring, keys, "
+                     "file locks, shared futex wakes" + (")" if layers.get("spawning") else ", no process spawning)"))
     if layers.get("seccomp"):
         parts.append("seccomp: no signals to other processes")
     parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")

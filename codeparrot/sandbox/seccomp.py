@@ -23,10 +23,18 @@ Arguments checked (the kernel hands the filter the low 32 bits of each argument,
   then loads every extension module of the interpreter before any program (`zygote.warm_up`).
 - `socketpair`: AF_UNIX only (an unnamed pair: asyncio's self-pipe); `socket()` is refused for every family.
 - `ioctl`: terminal queries and the fd flags only (TCGETS, TIOCGWINSZ, FIONREAD, FIONBIO, FIOCLEX, FIONCLEX).
-- `fcntl`: duplicating, descriptor and status flags, record locks, the pipe size (`FCNTLS`); F_SETFL never
-  with O_ASYNC. F_SETOWN/F_SETOWN_EX/F_SETSIG (with O_ASYNC: the kernel sends any signal to any process the
-  program's uid may signal, whatever `kill` is allowed), F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ and the seals
-  are refused.
+- `fcntl`: duplicating, descriptor and status flags, the pipe size (`FCNTLS`); F_SETFL never with O_ASYNC.
+  F_SETOWN/F_SETOWN_EX/F_SETSIG (with O_ASYNC: the kernel sends any signal to any process the program's
+  uid may signal, whatever `kill` is allowed), F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ, the seals and every
+  lock command are refused. No locks at all (`flock` is off the list too): every worker's view holds the
+  same inodes (the interpreter's files, the device nodes), so a lock one program takes is one another
+  program can see, a channel between samples running side by side. A program that locks gets an errno.
+- `futex`: any operation on process-private futexes (FUTEX_PRIVATE_FLAG, what glibc and CPython use);
+  without the flag only waiting (FUTEX_WAIT, FUTEX_WAIT_BITSET: `pthread_join` waits on a shared futex the
+  kernel wakes). A shared futex's key is (inode, offset) for a file mapping, the same in every worker:
+  waking or requeueing on one would count another program's waiters.
+- `madvise`: the advice values the allocators use and a few harmless others (`MADVICE`); not MADV_MERGEABLE
+  (KSM would merge pages across workers: copy-on-write timing says which) nor MADV_COLD/MADV_PAGEOUT.
 - `kill`, `tgkill`, `rt_(tg)sigqueueinfo` (with `foreign_signals`): only to the program's own pid;
   `prlimit64`: only of itself (pid 0 or its own).
 Another ABI than the native one (x32, i386 through int 0x80) is refused outright.
@@ -99,21 +107,21 @@ ALLOWED = frozenset({
     "access", "faccessat", "faccessat2", "readlink", "readlinkat", "getcwd", "chdir", "fchdir", "getdents64",
     "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
     "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "truncate", "ftruncate", "fsync", "fdatasync",
-    "utimensat", "umask", "statfs", "fstatfs", "flock", "fallocate", "sendfile", "copy_file_range",
+    "utimensat", "umask", "statfs", "fstatfs", "fallocate", "sendfile", "copy_file_range",
     "dup", "dup2", "dup3", "pipe", "pipe2",
-    # memory (mmap/mprotect: RESTRICTED)
-    "munmap", "mremap", "madvise", "brk",
+    # memory (mmap/mprotect/madvise: restricted)
+    "munmap", "mremap", "brk",
     # signals to itself, timers, clocks
     "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "rt_sigpending", "rt_sigsuspend",
     "rt_sigtimedwait", "pause", "alarm", "setitimer", "getitimer", "clock_gettime", "clock_getres",
-    "clock_nanosleep", "nanosleep", "gettimeofday", "time", "times", "getrusage", "sysinfo", "uname",
+    "clock_nanosleep", "nanosleep", "gettimeofday", "time", "times", "getrusage", "uname",
     "getrandom",
     # identity (read only)
     "getpid", "gettid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getgroups", "getresuid",
     "getresgid", "getpgrp", "getpgid", "getsid", "getpriority", "sched_getparam", "sched_getscheduler",
     "sched_getaffinity", "getcpu", "getrlimit", "setrlimit",
     # threads
-    "futex", "set_robust_list", "get_robust_list", "rseq", "set_tid_address", "sched_yield", "exit",
+    "set_robust_list", "get_robust_list", "rseq", "set_tid_address", "sched_yield", "exit",
     "exit_group",
     # waiting on descriptors; an unnamed socket pair's traffic
     "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait",
@@ -126,10 +134,16 @@ SIGNALS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 CLONE_THREAD, CLONE_NAMESPACES = 0x00010000, 0x7E020080  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 PROT_WRITE, PROT_EXEC, MAP_ANONYMOUS, AF_UNIX = 2, 4, 0x20, 1
 IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD FIONBIO FIONCLEX FIOCLEX
-# fcntl commands a program may use: F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL (never O_ASYNC), F_GETLK,
-# F_SETLK, F_SETLKW, F_OFD_GETLK/SETLK/SETLKW, F_DUPFD_CLOEXEC, F_GETPIPE_SZ. Not F_SETOWN(_EX), F_SETSIG,
-# F_SETLEASE, F_NOTIFY (each makes the kernel send a chosen signal to a chosen process: a kill by proxy).
-FCNTLS = (0, 1, 2, 3, 5, 6, 7, 36, 37, 38, 1030, 1032)
+# fcntl commands a program may use: F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL (never O_ASYNC),
+# F_DUPFD_CLOEXEC, F_GETPIPE_SZ. Not F_SETOWN(_EX), F_SETSIG, F_SETLEASE, F_NOTIFY (each makes the kernel send
+# a chosen signal to a chosen process: a kill by proxy), nor the record and OFD locks (F_GETLK 5, F_SETLK 6,
+# F_SETLKW 7, F_OFD_* 36-38: a lock on a file of the shared view is seen by every worker).
+FCNTLS = (0, 1, 2, 3, 1030, 1032)
+FUTEX_PRIVATE_FLAG = 128
+FUTEX_SHARED_WAITS = (0, 9, 256, 265)  # FUTEX_WAIT, FUTEX_WAIT_BITSET, each also with FUTEX_CLOCK_REALTIME
+# madvise advice a program may give: NORMAL, RANDOM, SEQUENTIAL, WILLNEED, DONTNEED, FREE, DONTFORK, DOFORK,
+# HUGEPAGE, NOHUGEPAGE, DONTDUMP, DODUMP, WIPEONFORK, KEEPONFORK, POPULATE_READ, POPULATE_WRITE.
+MADVICE = (0, 1, 2, 3, 4, 8, 10, 11, 14, 15, 16, 17, 18, 19, 22, 23)
 F_SETFL, O_ASYNC = 4, 0o20000  # the same on x86_64 and aarch64
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
@@ -218,7 +232,8 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
         p.label("native_nr")
     plain = sorted(numbers[n] for n in ALLOWED | (SPAWNING if spawning else frozenset()) if n in numbers)
     restricted = [("mmap", "mmap"), ("mprotect", "noexec"), ("clone", "clone"), ("socketpair", "socketpair"),
-                  ("ioctl", "ioctl"), ("fcntl", "fcntl"), ("prlimit64", "self_or_zero")]
+                  ("ioctl", "ioctl"), ("fcntl", "fcntl"), ("prlimit64", "self_or_zero"), ("futex", "futex"),
+                  ("madvise", "madvise")]
     restricted += [(n, "self" if foreign_signals else "allow") for n in SIGNALS]
     # A binary search over the syscall numbers (about 8 comparisons whichever the call): the kernel runs the
     # filter on restricted calls, and at install time for every number (its cache of always-allowed
@@ -262,6 +277,17 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
             p.emit(_JEQ, F_SETFL, jf="eperm")
             p.emit(_LD, _arg(2))
             p.emit(_JSET, O_ASYNC, jt="eperm", jf="allow")
+        elif kind == "futex":
+            p.emit(_LD, _arg(1))
+            p.emit(_JSET, FUTEX_PRIVATE_FLAG, jt="allow")
+            for op in FUTEX_SHARED_WAITS:
+                p.emit(_JEQ, op, jt="allow")
+            p.emit(_JA, "eperm")
+        elif kind == "madvise":
+            p.emit(_LD, _arg(2))
+            for advice in MADVICE:
+                p.emit(_JEQ, advice, jt="allow")
+            p.emit(_JA, "eperm")
         elif kind == "self":
             p.emit(_LD, _arg(0))
             p.emit(_JEQ, pid & 0xFFFFFFFF, jt="allow", jf="eperm")

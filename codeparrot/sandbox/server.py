@@ -22,8 +22,9 @@ the program does not descend from it. The zygote receives only the job number, t
 pipes (SCM_RIGHTS); the program reads its own prompt and completion from a pipe (the test too only in the
 in-process fallback). So no frame, object or page of the program holds the test or another job's text.
 
-The zygote joins the worker's memory cgroup (so every program is born in it). The program mounts its
-own /proc and tmpfs workspace, sets its rlimits, drops to an unprivileged uid (or all capabilities in a
+The worker joins its memory cgroup before it forks the zygote, so every program and every checker is born
+in it (no migration per job). The program mounts its own /proc (process folders only) and tmpfs workspace,
+sets its rlimits, drops to an unprivileged uid (or all capabilities in a
 user namespace), installs its seccomp allowlist (`seccomp.py`) and the audit-hook guard, then runs
 `child.serve_candidate` (isolated check) or `child.run_program` (in-process fallback). When the verdict is in or the wall-clock deadline passes, the
 server closes the watchdog's stop pipe; the watchdog SIGKILLs the program through a pidfd of its own
@@ -33,18 +34,21 @@ process it started, grandchildren and `setsid` escapees included, and free its I
 The server signals nothing there: it only closes the stop pipe, and reads the program's wait status from
 a pipe the watchdog writes.
 
-The verdict. With an entry point the checker (`checker.py`) decides it: it runs the prompt and the test in
-its own interpreter and calls the candidate over two pipes (call: checker -> program, fd 6; reply: program
--> checker, fd 7) carrying plain data only (`channel.py`), then writes one verdict line (`P`, `F`, `X`,
-`N`) on a pipe only the server reads. Nothing the program writes anywhere can produce a pass.
+The verdict. With an entry point the checker (`checker.py`) decides it: it runs the prompt and the test
+(rewritten once per distinct test by `rewrite.record_all` in the server, so every call runs whatever the
+answers) in its own interpreter and calls the candidate over two pipes (call: checker -> program, fd 6;
+reply: program -> checker, fd 7) carrying plain data only (`channel.py`), then writes one verdict line
+(`P`, `F`, `X`, `N`) on a pipe only the server reads. Nothing the program writes anywhere can produce a
+pass, and a passing and a failing program see the same calls.
 
 Three more pipes serve both modes. The result pipe (fd 3 in the program) carries the audit hook's lines,
 `D <nonce> <event>` (a refusal) and `F <nonce> <exception>` (why the program ended before the check); the
 nonce (fd 4, read and closed while the guard installs) tells them from program output. Only in-process
 (no entry point; or, only with `in_process_fallback`, a test passing non-plain arguments, otherwise the
 sample's failure, since the program could provoke it) is a pass, `P <nonce>`, read there, and marked as
-such in the result. Sandbox errors go through fd 5, which the watchdog and the program's setup write to
-and which is closed before program code runs.
+such in the result. The program's setup reports its own failures through fd 5, closed before program code
+runs, and the watchdog reports on the status pipe (`W` + the program's wait status, or `E` + why it
+failed), which the program never holds: the sandbox's errors never come from an exit status.
 
 This file is the worker's start (memory cgroup, namespaces, warm-up, the zygote) and its frame loop. The
 program's side of a job (the zygote, the watchdog, the program's process) is `zygote.py`; the server's side
@@ -59,7 +63,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import channel  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
-from cgroup import MEMORY_GROUP, open_memory_group  # noqa: E402
+from cgroup import MEMORY_GROUP, join_memory_group, oom_score_adj, open_memory_group  # noqa: E402
 from job import run_job  # noqa: E402
 from kernel import PR_SET_CHILD_SUBREAPER, prctl, refusal, setup  # noqa: E402
 from rootfs import enter_minimal_root  # noqa: E402
@@ -98,6 +102,10 @@ def main() -> None:
         return
     warm_up(layers)
     gc.freeze()  # forked children then do not touch (copy) the server's objects when they collect
+    # Into the memory cgroup (what it holds from now on counts, and every zygote, program and checker is born
+    # there), never the OOM killer's choice where we may say so (as root; the zygote inherits it).
+    oom_score_adj(-1000)
+    join_memory_group()
     zygote = start_zygote(cfg, layers)  # before the first job: it never holds any job's text
     _send({"hello": layers})
     n = 0

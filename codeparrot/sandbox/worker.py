@@ -94,11 +94,15 @@ class Worker:
         size = int.from_bytes(self._read(8, deadline), "little")
         return marshal.loads(self._read(size, deadline))
 
-    def request(self, job: dict, timeout: float) -> dict:
+    def send(self, job: dict) -> None:
+        """Hand the worker a job (raises BrokenPipeError when it is gone: then it never read it)."""
         payload = marshal.dumps(job)
         self.proc.stdin.write(len(payload).to_bytes(8, "little") + payload)
         self.proc.stdin.flush()
-        return self.readline(time.monotonic() + timeout + 30.0)  # the worker enforces `timeout` itself
+
+    def receive(self, timeout: float) -> dict:
+        """The job's result (the worker enforces `timeout` itself; 30 s more before we give up on it)."""
+        return self.readline(time.monotonic() + timeout + 30.0)
 
     def kill(self) -> None:
         """SIGKILL the worker and its process group, then reap it. Its pid (and so the group id it leads)

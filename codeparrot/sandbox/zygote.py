@@ -21,15 +21,19 @@ import sys
 
 import channel
 import child
+import guard
 import seccomp
-from cgroup import MEMORY_GROUP
+from cgroup import oom_score_adj
 from kernel import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
     CLONE_NEWPID,
+    MS_BIND,
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
+    MS_RDONLY,
+    MS_REMOUNT,
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
@@ -59,8 +63,9 @@ UNAUDITED = {"os": ("pidfd_open", "setpriority", "sched_setaffinity", "sched_set
 def _watchdog(cfg, layers, job, fds, stop_r, status_w, unused) -> None:
     """Child of the zygote: start the program in a new PID namespace, wait until it ends or the server
     closes `stop_r` (verdict in, or the deadline), then kill it through a pidfd of our own, still unreaped
-    child (never a pid that may have been reused), reap it and write its wait status (4 bytes) on
-    `status_w`, which the server reads. Never returns."""
+    child (never a pid that may have been reused), reap it and write `W` + its wait status (4 bytes) on
+    `status_w`, which the server reads; our own failure is `E` + why on the same pipe, which the program
+    never holds (never an exit status: the program chooses its own). Never returns."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote ignores it (auto-reaping): we must not
         for fd in unused:
@@ -86,11 +91,11 @@ def _watchdog(cfg, layers, job, fds, stop_r, status_w, unused) -> None:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # as init of its PID namespace: the whole tree
         if not layers["pid_namespace"]:
             _kill_group(pid)  # its process group (pid: it called setsid); the group id is ours until reaped
-        os.write(status_w, os.waitpid(pid, 0)[1].to_bytes(4, "little"))
+        os.write(status_w, b"W" + os.waitpid(pid, 0)[1].to_bytes(4, "little"))
         os._exit(0)
     except BaseException as err:
         try:
-            os.write(fds[2], f"E watchdog: {err}\n".encode())
+            os.write(status_w, f"E{type(err).__name__}: {err}".encode("utf-8", "replace")[:500])
         finally:
             os._exit(WATCHDOG_ERROR)
 
@@ -111,10 +116,6 @@ def _zygote(cfg, layers, control) -> None:
         os.close(devnull)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-        if "procs" in MEMORY_GROUP:
-            # Into the worker's memory cgroup once: every watchdog and program is then born in it (moving
-            # each program there would cost a cgroup migration, milliseconds, per job).
-            os.write(MEMORY_GROUP["procs"], b"0")
         while True:
             message, fds, _flags, _addr = socket.recv_fds(control, 4096, 16)
             if not message:
@@ -164,10 +165,16 @@ def _program(cfg, layers, job, fds) -> None:
         workdir = os.path.join(cfg["workspace"], f"job-{job['_n']}")
         os.mkdir(workdir, 0o700)
         if layers["fresh_proc"]:  # our own /proc (no host process visible) and a workspace that dies with us
-            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            # subset=pid: only process folders, none of the host-wide files (locks, meminfo, stat, loadavg,
+            # sys/...), whose counters another program could move (kernel.PROC_OPTIONS)
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, layers["proc_options"])
             # noexec: no shared library or binary the program writes can be loaded or run from there
             mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                   f"size={int(cfg['workspace_mb'])}m,mode=0700")
+            # The worker's workspace, read-only in our mount namespace: in user-namespace mode the program
+            # keeps the uid that owns it and could leave files there for the worker's next program.
+            mount(None, cfg["workspace"], None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        oom_score_adj(1000)  # the OOM killer's first choice in its cgroup (the worker, zygote, watchdog: -1000)
         uid = layers["uid"]
         if uid is not None:
             os.chown(workdir, uid, uid)
@@ -209,14 +216,14 @@ def _program(cfg, layers, job, fds) -> None:
         os.environ.update({"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"})
         sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
         sys.modules["__main__"] = type(sys)("__main__")
-        for name in ("child", "kernel", "checker", "channel", "cleanup", "rootfs", "verdict", "seccomp", "cgroup",
-                     "zygote", "job"):  # ours: not for it
+        for name in ("child", "guard", "kernel", "checker", "channel", "cleanup", "rootfs", "verdict", "seccomp",
+                     "cgroup", "zygote", "job", "rewrite"):  # ours: not for it
             sys.modules.pop(name, None)
         sys.path[:] = layers["sys_path"]
         sys.path_importer_cache.clear()
         _remap_packages(layers["path_map"])
-        child.install_guard(4, 3, workdir, contain=bool(cfg["guard"]),
-                           reporter=child.REPORTER_CODE, failer=child.FAILER_CODE)
+        guard.install_guard(4, 3, workdir, contain=bool(cfg["guard"]), reporter=child.REPORTER_CODE,
+                            failer=child.FAILER_CODE, last_barrier=not layers["readonly_root"])
         os.close(5)  # the sandbox-error channel: never open while program code runs
     except BaseException as err:
         try:

@@ -24,7 +24,8 @@ from codeparrot.config import doc
 from codeparrot.tools.benchmarks.common import BenchRow
 
 # Order of the table: the pipeline's order.
-Area = Literal["data", "data_stages", "ray_engine", "near_dedup", "tokenizer", "loader", "train", "sandbox"]
+Area = Literal["data", "data_stages", "ray_engine", "near_dedup", "tokenizer", "loader", "train", "sandbox",
+               "serving"]
 AREAS: list[str] = list(get_args(Area))
 
 

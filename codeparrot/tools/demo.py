@@ -25,6 +25,11 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.demo_summary import print_summary
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The infilling example (the app's Infill tab has the same): the model writes the body between the docstring
+# and the call after the function.
+INFILL_PREFIX = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+INFILL_SUFFIX = "\n\nprint(fibonacci(10))\n"
+INFILL_TASKS = 8  # single-line infilling tasks the demo model is scored on (4 samples each)
 
 
 @dataclass
@@ -115,7 +120,29 @@ def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_proc
                             "--revision", "demo-tiny", "--num-tasks", str(humaneval_tasks), "--n-samples", "10",
                             "--batch-size", "10", "--max-new-tokens", "96", "--allow-code-execution",
                             "--output", str(out / "humaneval.json")], [out / "humaneval.json"], env=cpu_env),
+        *infill_stages(out, repo),
     ]
+
+
+def infill_stages(out: Path, repo: Path) -> list[Stage]:
+    """Fill-in-the-middle (the tiny config trains with data.fim_rate 0.5): one infilled completion, the canonical
+    middles of both infilling benchmarks (all 1,033 + 5,815 tasks: the derivation and scorer check, 100%), and
+    the demo model on a few single-line infilling tasks. Plain processes: nothing here needs a launcher."""
+    stages = [Stage("generate-infill", [*_script("generate.py"), "--model", str(repo), "--revision", "demo-tiny",
+                                        "--prompt", INFILL_PREFIX, "--suffix", INFILL_SUFFIX, "--max-new-tokens", "48",
+                                        "--seed", "0", "--output", str(out / "infill.json")], [out / "infill.json"])]
+    for benchmark in ("single-line", "multi-line"):
+        result = out / f"humaneval_{benchmark}_canonical.json"
+        stages.append(Stage(f"{benchmark}-canonical", [*_script("human_eval.py"), "--benchmark", benchmark,
+                                                       "--canonical", "--allow-code-execution", "--no-progress",
+                                                       "--output", str(result)], [result]))
+    stages.append(Stage("single-line", [*_script("human_eval.py"), "--benchmark", "single-line", "--model", str(repo),
+                                        "--revision", "demo-tiny", "--num-tasks", str(INFILL_TASKS), "--n-samples",
+                                        "4", "--batch-size", "16", "--max-new-tokens", "48", "--k", "1",
+                                        "--allow-code-execution", "--no-progress", "--output",
+                                        str(out / "humaneval_single-line.json")],
+                        [out / "humaneval_single-line.json"], env={"ACCELERATE_USE_CPU": "1"}))
+    return stages
 
 
 def _marker(out: Path, stage: Stage) -> Path:

@@ -64,6 +64,38 @@ def _fmt_pass_at_k(best: Any) -> str:
     return ", ".join(parts)
 
 
+def _infill_result(path: Path) -> dict:
+    """The first sample of `generate.py --suffix --output` (the demo's infilled completion)."""
+    record = _load(path) or {}
+    first = (record.get("completions") or [{}])[0]
+    return {"middle": first.get("completion"), "ended_by": first.get("stop_reason")}
+
+
+def _infill_benchmark(path: Path) -> dict:
+    """Tasks, best pass@k and exact match (the first temperature's) of a `human_eval.py --benchmark` result."""
+    record = _load(path) or {}
+    exact = next(iter((record.get("exact_match") or {}).values()), {})
+    return {"tasks": (record.get("config") or {}).get("num_tasks"), "pass_at_k": record.get("best"),
+            "exact_match": exact.get("exact_match"), "samples": exact.get("samples")}
+
+
+def _fmt_infill_benchmark(b: dict) -> str:
+    """'1,033 tasks, pass@1 100.00%, exact match 100.00%' (only the k that the sample count allows)."""
+    em, best = b.get("exact_match"), b.get("pass_at_k")
+    if isinstance(best, dict):
+        best = {k: v for k, v in best.items() if not isinstance(v, dict) or v.get("value") is not None} or best
+    return f"{_fmt(b.get('tasks'), ',')} tasks, {_fmt_pass_at_k(best)}, exact match " \
+           f"{'n/a' if em is None else f'{100 * em:.2f}%'}"
+
+
+def _fmt_middle(infill: dict) -> str:
+    middle = infill.get("middle")
+    if middle is None:
+        return "n/a"
+    shown = repr(middle) if len(middle) <= 40 else repr(middle[:37]) + "…"
+    return f"{len(middle)} characters between the docstring and the call, ended by {infill.get('ended_by')}: {shown}"
+
+
 def _fmt(value: Any, spec: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -103,6 +135,10 @@ def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | fro
         "perplexity": val.get("perplexity"),
         "humaneval": he.get("best", he.get("pass_at_k")),
         "humaneval_canonical": canon.get("best", canon.get("pass_at_k")),
+        "infill": _infill_result(out / "infill.json"),
+        "single_line_infilling": _infill_benchmark(out / "humaneval_single-line.json"),
+        "infilling_canonical": {b: _infill_benchmark(out / f"humaneval_{b}_canonical.json")
+                                for b in ("single-line", "multi-line")},
         "tensorboard_logdir": str(run_dir),
         "plots_dir": str(out / "plots"),
     }
@@ -145,6 +181,11 @@ def print_summary(out: Path, timings: dict[str, float], reused: set[str] | froze
         f"validation: loss {_fmt(s['val_loss'], '.3f')}, perplexity {_fmt(s['perplexity'], '.1f')}",
         f"HumanEval (demo model, a few tasks): {_fmt_pass_at_k(s['humaneval'])}",
         f"HumanEval canonical solutions (scorer check): {_fmt_pass_at_k(s['humaneval_canonical'])}",
+        f"infilling (demo model, trained with FIM 0.5): {_fmt_middle(s['infill'])}",
+        "HumanEval single-line infilling (demo model, a few tasks): "
+        + _fmt_infill_benchmark(s["single_line_infilling"]),
+        "HumanEval infilling, canonical middles (derivation and scorer check):",
+        *(f"  {b}: {_fmt_infill_benchmark(v)}" for b, v in s["infilling_canonical"].items()),
         f"TensorBoard logs: {s['tensorboard_logdir']}",
         f"plots: {s['plots_dir']}",
         stage_time_line(s["stage_seconds"], s["reused_stages"]),
@@ -154,6 +195,8 @@ def print_summary(out: Path, timings: dict[str, float], reused: set[str] | froze
         f"  .venv/bin/python scripts/checkpoints.py list {out / 'model-repo'}",
         f"  .venv/bin/python scripts/checkpoints.py log {out / 'model-repo'} --branch demo-tiny",
         f"  .venv/bin/python scripts/generate.py --model {out / 'model-repo'} --revision demo-tiny --prompt 'def add(a, b):'",
+        f"  .venv/bin/python scripts/generate.py --model {out / 'model-repo'} --revision demo-tiny "
+        "--prompt-file BEFORE.py --suffix-file AFTER.py",
         f"  .venv/bin/python scripts/highlight.py --model {out / 'model-repo'} --revision demo-tiny FILE.py --output FILE.html",
         "=" * 72,
     ]

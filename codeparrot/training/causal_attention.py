@@ -19,6 +19,12 @@ attn_implementation`); saved checkpoints keep the preset's `codeparrot_attn_impl
 generation never uses it. A cache (queries shorter than keys) is refused: `is_causal` would align the causal
 triangle to the top-left and attend to the wrong keys.
 
+GPT-2's inverse-layer scale (`scale_attn_by_inverse_layer_idx`, set in CodeParrot's models): where
+attention_scale.py installed it as a tensor per block (`compile_blocks` does), the query is multiplied by
+1/(l + 1) and SDPA gets the base scale 1/sqrt(head_dim), the same float in every block, so one compiled graph
+serves them all; otherwise transformers' per-layer float goes to SDPA's `scale=` as it is. The same product
+either way, up to one rounding of the scaled query.
+
 Shapes: query/key/value [B, H, T, Q] (batch, heads, tokens, head width); returns ([B, T, H, Q], None) as
 transformers' attention functions do.
 """
@@ -28,21 +34,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from codeparrot.training.attention_scale import fold_layer_scale
+
 CAUSAL_SDPA = "causal_sdpa"
 
 
 def causal_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature; `scaling` already holds GPT-2's inverse-layer factor."""
+    """transformers' attention-function signature; `scaling` is GPT-2's per-layer float (base / (l + 1))."""
     if attention_mask is not None:
         raise ValueError(f"{CAUSAL_SDPA} attention takes no mask (training on whole sequences); got one of shape "
                          f"{tuple(attention_mask.shape)}: load the model with attn_implementation='sdpa'")
     if query.shape[-2] != key.shape[-2]:
         raise ValueError(f"{CAUSAL_SDPA} attention needs as many queries as keys (no cache): got "
                          f"{query.shape[-2]} queries and {key.shape[-2]} keys")
+    query, scale = fold_layer_scale(module, query, scaling)  # no per-block float left for dynamo to guard on
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=dropout, is_causal=True,
-                                         scale=scaling)  # [B, H, T, Q]
+                                         scale=scale)  # [B, H, T, Q]
     return out.transpose(1, 2).contiguous(), None  # [B, T, H, Q]
 
 

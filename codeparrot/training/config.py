@@ -12,6 +12,11 @@ The token budget of one optimizer step:
 `global_batch_size` is the recipe's invariant: when it is set, the accumulation is derived from the number of
 processes actually launched (`accumulation_steps(world_size)`), so the same config gives the same optimization
 on 16 GPUs or on 8 (with twice the accumulation); a count that does not divide is an error, never a rounded batch.
+
+`micro_batch_size: auto` keeps that invariant and lets the run choose how the per-process batch
+P = global_batch_size / processes is split: the largest of `auto_candidates(world_size)` that fits in the
+device's memory, measured at start (`codeparrot/training/micro_batch.py`). Until then the accumulation is unknown:
+`accumulation_steps` checks what can be checked before the run and returns None.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from codeparrot.data.records import resolve_data_files, split_folders
 from codeparrot.errors import CodeParrotError
 
 TRACKERS = ("tensorboard", "wandb")
+AUTO = "auto"  # batch.micro_batch_size: measured at the start of the run (training/micro_batch.py)
 
 
 @dataclass
@@ -42,15 +48,28 @@ class DataConfig:
     num_of_sequences: int = doc(1024, "Sequences per tokenization buffer: buffer = seq_length × chars_per_token × "
                                       "num_of_sequences characters (text data only).")
     shuffle_buffer: int = doc(1000, "File-level shuffle buffer (files); 0 = stream order (text data only).")
-    sequence_shuffle_buffer: int = doc(1024, "Sequence-level shuffle buffer (sequences); 0 = no shuffling.")
+    sequence_shuffle_buffer: int = doc(1024, "Sequence-level shuffle buffer (sequences); 0 = no shuffling (JSONL "
+                                             "data, and pretokenized data with FIM on).")
     num_workers: int = doc(1, "DataLoader worker processes per training process (0 = load in the training process).")
+    fim_rate: float = doc(0.0, "Fill-in-the-middle: fraction of training documents split at two random characters "
+                               "and rearranged with the FIM sentinels (docs/fim.md); 0 = off (CodeParrot's recipe), "
+                               "0.5 = BigCode's. Needs a tokenizer with the FIM tokens; validation stays "
+                               "left-to-right.")
+    fim_spm_rate: float = doc(0.5, "Of the FIM documents, the fraction in SPM order (suffix first, StarCoder's "
+                                   "variant); the rest in PSM order (default 0.5, BigCode's).")
 
 
 @dataclass
 class BatchConfig:
     """How many sequences one optimizer step sees (the token budget; see the module docstring)."""
 
-    micro_batch_size: int = doc(8, "Sequences per process per forward/backward pass.")
+    micro_batch_size: int | Literal["auto"] = doc(
+        8, "Sequences per process per forward/backward pass. auto = the largest that fits in the device's memory, "
+           "measured at start with real training steps on CUDA (on CPU: a measured per-sequence activation size "
+           "against half the available RAM); it needs global_batch_size (the invariant it splits, accumulation "
+           "null = derived), only splits each process's batch into a multiple of data.num_workers micro-steps (so "
+           "every optimizer step trains on the same sequences whatever it picks), is the same on every process, "
+           "is printed and written to <run>/micro_batch.json, and a resumed run reuses its checkpoint's value.")
     gradient_accumulation_steps: Optional[int] = doc(None, "Micro-batches per optimizer step; null = derived from "
                                                            "global_batch_size and the number of processes launched.")
     global_batch_size: Optional[int] = doc(None, "Sequences per optimizer step over all processes; null = "
@@ -178,7 +197,11 @@ class TrainConfig:
         positive("data.shuffle_buffer", self.data.shuffle_buffer, allow_zero=True)
         positive("data.sequence_shuffle_buffer", self.data.sequence_shuffle_buffer, allow_zero=True)
         positive("data.num_workers", self.data.num_workers, allow_zero=True)
-        positive("batch.micro_batch_size", b.micro_batch_size)
+        for name in ("fim_rate", "fim_spm_rate"):
+            if not 0.0 <= getattr(self.data, name) <= 1.0:
+                raise CodeParrotError(f"data.{name} must be in [0, 1], got {getattr(self.data, name)!r}")
+        if b.micro_batch_size != AUTO:
+            positive("batch.micro_batch_size", b.micro_batch_size)
         positive("batch.num_processes", b.num_processes)
         if b.gradient_accumulation_steps is not None:
             positive("batch.gradient_accumulation_steps", b.gradient_accumulation_steps)
@@ -215,9 +238,48 @@ class TrainConfig:
         return Path(self.output_dir) if self.output_dir else Path("runs") / self.run_name
 
     # ---- the token budget ----
-    def accumulation_steps(self, world_size: int) -> int:
-        """Micro-batches per optimizer step on `world_size` processes; `CodeParrotError` if the budget does not divide."""
+    def auto_candidates(self, world_size: int) -> list[int]:
+        """The micro-batches `auto` may choose on `world_size` processes, smallest first: those that split the
+        per-process batch P = global_batch_size / world_size into a multiple of W = max(data.num_workers, 1)
+        micro-steps, i.e. the divisors of P / W.
+
+        Why the multiple of W: a DataLoader with W workers hands out whole batches from its workers in turn, and
+        worker w reads every W-th sequence of this process's share. With W | accumulation every optimizer step
+        takes exactly P / W consecutive sequences from each worker, whatever the micro-batch: the step trains
+        on the same sequences for every candidate (only float summation order differs), every worker (reader)
+        stands at the same place after every step and so at every checkpoint, and auto picking 96 on one card
+        and 24 on another is the same optimization. A split such as 192 × 1 with 2 workers would instead train
+        step 1 on worker 0's sequences only and step 2 on worker 1's. (Epoch coverage and exact resume hold for
+        any split, explicit ones included: the readers are consumed in turn and the loader's position records
+        the next worker.)"""
         b = self.batch
+        if b.global_batch_size is None:
+            raise CodeParrotError("batch.micro_batch_size auto needs batch.global_batch_size: auto keeps the global "
+                                  "batch and chooses how each process splits it (or give an integer micro_batch_size)")
+        if b.gradient_accumulation_steps is not None:
+            raise CodeParrotError(f"batch.micro_batch_size auto derives the accumulation: set "
+                                  f"batch.gradient_accumulation_steps to null, not {b.gradient_accumulation_steps}")
+        if b.global_batch_size % world_size:
+            raise CodeParrotError(f"batch.global_batch_size {b.global_batch_size} does not divide among {world_size} "
+                                  f"processes (remainder {b.global_batch_size % world_size})")
+        procs = f"{world_size} process{'es' if world_size != 1 else ''}"
+        per_process, workers = b.global_batch_size // world_size, max(self.data.num_workers, 1)
+        if per_process % workers:
+            raise CodeParrotError(f"batch.micro_batch_size auto: the per-process batch {per_process} "
+                                  f"(global_batch_size {b.global_batch_size} / {procs}) is not a multiple of "
+                                  f"data.num_workers {workers}: every optimizer step must take the same number of "
+                                  "sequences from each DataLoader worker")
+        share = per_process // workers
+        return [n for n in range(1, share + 1) if share % n == 0]
+
+    def accumulation_steps(self, world_size: int) -> int | None:
+        """Micro-batches per optimizer step on `world_size` processes; `CodeParrotError` if the budget does not divide.
+        None for micro_batch_size auto (its candidates checked instead): the run derives it once it has measured
+        the micro-batch (`micro_batch.resolve_micro_batch` returns the resolved config)."""
+        b = self.batch
+        if b.micro_batch_size == AUTO:
+            self.auto_candidates(world_size)
+            return None
         per_pass = b.micro_batch_size * world_size  # sequences in one micro-step over all processes
         if b.global_batch_size is None:
             return b.gradient_accumulation_steps or 1
@@ -236,6 +298,8 @@ class TrainConfig:
         return derived
 
     def sequences_per_step(self, world_size: int) -> int:
+        if self.accumulation_steps(world_size) is None:  # auto: needs global_batch_size, and keeps it
+            return self.batch.global_batch_size
         return self.batch.micro_batch_size * self.accumulation_steps(world_size) * world_size
 
     def tokens_per_step(self, world_size: int) -> int:
@@ -243,8 +307,8 @@ class TrainConfig:
 
     def budget_summary(self, world_size: int) -> str:
         """One line of arithmetic, e.g. '192 seq/step = 12 × 1 accum × 16 proc; 196,608 tok/step; 29.49B tokens'."""
-        accum = self.accumulation_steps(world_size)
         total = self.tokens_per_step(world_size) * self.max_steps
+        accum = self.accumulation_steps(world_size) or "derived"  # auto: derived once measured
         return (f"{self.sequences_per_step(world_size)} sequences/step = {self.batch.micro_batch_size}/process × "
                 f"{accum} accumulation × {world_size} process{'es' if world_size != 1 else ''}; {self.tokens_per_step(world_size):,} tokens/step × "
                 f"{self.max_steps:,} steps = {_human(total)} tokens")

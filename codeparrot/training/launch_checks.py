@@ -91,7 +91,7 @@ def torch_build_report(env: Mapping[str, str] | None = None) -> str:
         return f"{line}; CUDA visible: {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
     line += "; CUDA not visible"
     if nvidia_smi(env):
-        line += (" although nvidia-smi is on PATH: a CPU build of torch (make install CUDA=cu126)" if not
+        line += (" although nvidia-smi is on PATH: a CPU build of torch (make install CUDA=cu130)" if not
                  torch.version.cuda else " although nvidia-smi is on PATH: check the driver and CUDA_VISIBLE_DEVICES")
     return line
 
@@ -109,7 +109,7 @@ def check_gpu_visible(mixed_precision: str | None, env: Mapping[str, str] | None
         return  # the GPUs are hidden on purpose
     if nvidia_smi(env) is None:
         return  # no NVIDIA GPU here: bf16 on a CPU is a choice (the CPU demo and benchmarks run it)
-    why = ("a CPU build: install a CUDA build (make install CUDA=cu126)" if not torch.version.cuda else
+    why = ("a CPU build: install a CUDA build (make install CUDA=cu130)" if not torch.version.cuda else
            "a CUDA build that sees no GPU: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
     raise CodeParrotError(f"{precision} asked for on a machine with an NVIDIA GPU (nvidia-smi found) but "
                           f"{torch_build()} is {why}; the run would train on the CPU. "

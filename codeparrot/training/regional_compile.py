@@ -1,11 +1,22 @@
 """Per-block (regional) torch.compile, in place: each transformer block's forward compiled, the module tree kept.
 
-One compiled graph serves every block (same code, same shapes: the later blocks hit the compile cache), so the
-cold start is one block's compile instead of the whole model's, and mask creation, the embedding and the loss
-stay eager. Compiling in place (`nn.Module.compile`) rather than wrapping (`torch.compile(module)`) keeps the
-model a plain `GPT2LMHeadModel`: DDP and FSDP2 wrap it as usual, `unwrap_model` returns it, and state-dict keys
-get no `_orig_mod.` prefix. (Accelerate's own regional compilation of a DDP model returns a shallow copy of the
-DDP wrapper that `unwrap_model` no longer sees through.)
+Every block runs the same code, so dynamo keeps one list of graphs for all of them, at most `recompile_limit` (8)
+long. A block's weights and buffers are graph inputs, and the same shapes reuse a graph; a Python number read
+from the block is a constant the graph is guarded on by value. GPT-2's inverse-layer attention scale is such a
+number (`GPT2Attention.scaling` = 1/sqrt(head_dim) / (layer + 1)): left as it is, each block fails the previous
+blocks' guards and compiles its own graph, and after 8 blocks dynamo gives up with a warning and runs the rest
+eagerly. So `compile_blocks` first installs that scale as a 0-d tensor per block (attention_scale.py), which
+the `causal_sdpa` attention multiplies into the query: then one graph serves every block (12 in
+codeparrot-small, 48 in codeparrot; tests/training/test_regional_compile.py fails on any recompile), and the
+cold start is one block's compile instead of the whole model's. (Evaluation, under no_grad and without dropout,
+gets its own graph, again one for all blocks.) transformers' own `sdpa` and `eager` attention read the float:
+with them it is one graph per block, up to the limit.
+
+Mask creation, the embedding and the loss stay eager. Compiling in place (`nn.Module.compile`) rather than
+wrapping (`torch.compile(module)`) keeps the model a plain `GPT2LMHeadModel`: DDP and FSDP2 wrap it as usual,
+`unwrap_model` returns it, and state-dict keys get no `_orig_mod.` prefix (the scales are non-persistent
+buffers, not in the state dict either). (Accelerate's own regional compilation of a DDP model returns a shallow
+copy of the DDP wrapper that `unwrap_model` no longer sees through.)
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ from __future__ import annotations
 from typing import Callable
 
 from torch import nn
+
+from codeparrot.training.attention_scale import install_layer_scales
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -25,7 +38,9 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def compile_blocks(model: nn.Module, backend: str | Callable = "inductor") -> int:
-    """Compile each repeated block of `model` in place; returns how many were compiled."""
+    """Compile each repeated block of `model` in place; returns how many were compiled. Call on the root model,
+    before DDP/FSDP wrap it."""
+    install_layer_scales(model)  # GPT-2's per-layer float as a tensor: one graph for every block
     blocks = repeated_blocks(model)
     for block in blocks:
         block.compile(backend=backend)

@@ -19,9 +19,11 @@ def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
         raise CodeParrotError("data.train is not set: give the training data (pretokenized folder or JSONL shards)")
     common = dict(rank=rank, world_size=world, seed=cfg.seed, num_of_sequences=d.num_of_sequences,
                   chars_per_token=d.chars_per_token, text_column=d.text_column)
+    # FIM rearranges training documents only: the validation loss stays the left-to-right loss, comparable
+    # between runs with and without FIM.
     train_ds = build_dataset(d.train, tokenizer, d.seq_length, infinite=True, shuffle=True, split="train",
                              shuffle_buffer=d.shuffle_buffer, sequence_shuffle_buffer=d.sequence_shuffle_buffer,
-                             **common)
+                             fim_rate=d.fim_rate, fim_spm_rate=d.fim_spm_rate, **common)
     valid_ds = None
     if d.valid:
         valid_ds = build_dataset(d.valid, tokenizer, d.seq_length, infinite=False, shuffle=False, split="validation",

@@ -37,11 +37,17 @@ from codeparrot.training.checkpointing import (
     restore_training_state,
     save_checkpoint,
 )
-from codeparrot.training.config import TrainConfig
+from codeparrot.training.config import AUTO, TrainConfig
 from codeparrot.training.fast_path import FastPath, configure_cuda_allocator
 from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
 from codeparrot.training.loss import forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
+from codeparrot.training.micro_batch import (
+    inspect_batch_size,
+    provisional_accumulation,
+    resolve_micro_batch,
+    reuse_on_resume,
+)
 from codeparrot.training.model_io import (
     load_model,
     load_tokenizer_checked,
@@ -94,7 +100,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     check_one_job(state.num_processes, state.distributed_type)  # never N independent trainings in one folder
     check_gpu_visible(cfg.mixed_precision)  # bf16/fp16 asked for, a GPU here that torch cannot use: not on the CPU
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
-    accum = cfg.accumulation_steps(world)  # one-line error when the budget does not divide
+    cfg.accumulation_steps(world)  # one-line error when the budget does not divide (None for auto: measured below)
     run_dir = cfg.run_dir()
     checkpoint = resolve_resume(resume, run_dir, report=lambda text: print(text, file=sys.stderr) if main else None)
     if checkpoint is not None and read_state(checkpoint).world_size != world:
@@ -106,6 +112,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                   f"its final model is in {run_dir / 'final'} (raise --max_steps to train further)")
         done = read_state(checkpoint)
         return TrainResult(run_dir, done.step, done.tokens_seen, last_checkpoint=checkpoint)
+    cfg, reused = reuse_on_resume(cfg, checkpoint, world)  # micro_batch_size auto: the checkpoint's, never re-measured
+    accum = provisional_accumulation(cfg, world)  # the real one, except for auto before it is measured (below)
     watchdog = training_watchdog(cfg.stall_minutes, run_dir, rank, accum, cfg.data.train)  # training/watchdog.py
     with state.local_main_process_first():  # materialize a repository revision once per node
         tokenizer, model_dir = load_tokenizer_checked(cfg)
@@ -115,7 +123,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     train_ds, valid_ds = build_datasets(cfg, tokenizer, rank, world)
     if inspect_batches:
         if main:
-            print_batches(train_ds, tokenizer, inspect_batches, cfg.batch.micro_batch_size)
+            print_batches(train_ds, tokenizer, inspect_batches, inspect_batch_size(cfg, world))
         return None
 
     if main:
@@ -136,6 +144,14 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device
+    if cfg.batch.micro_batch_size == AUTO:  # measured now, before set_seed: the probe's dropout draws random numbers
+        cfg, line = resolve_micro_batch(cfg, accelerator, model_dir, run_dir)  # training/micro_batch.py
+        accum = accelerator.gradient_accumulation_steps = cfg.accumulation_steps(world)
+        watchdog.stop()  # started with a provisional accumulation: a stall line names the real micro-batches
+        watchdog = training_watchdog(cfg.stall_minutes, run_dir, rank, accum, cfg.data.train)
+        accelerator.print(line)
+    elif reused:
+        accelerator.print(reused)
     set_seed(cfg.seed + rank)  # dropout differs per process; data order is seeded inside the datasets
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True

@@ -18,7 +18,10 @@ CONTACTED: list[tuple[str, str]] = []
 def _audit(event: str, args) -> None:
     if event == "socket.connect":
         addr = args[1]
-        CONTACTED.append((event, str(addr[0] if isinstance(addr, tuple) else addr)))
+        # A str/bytes address is a unix socket: a local file, not the network (multiprocessing passes file
+        # descriptors through one, e.g. for an earlier test's DataLoader workers when tests share a process).
+        if isinstance(addr, tuple):
+            CONTACTED.append((event, str(addr[0])))
     elif event == "socket.getaddrinfo":
         CONTACTED.append((event, str(args[0])))
 

@@ -109,6 +109,48 @@ def test_complete_bad_input(client, args, message):
     assert status.startswith("error: ") and message in status and "\n" not in status and "Traceback" not in status
 
 
+def test_infill_streams_the_middle_in_place(client, served):
+    """/infill: the code before and after the cursor stay exactly as given (nothing stripped), the middle grows
+    between them token by token, never holds a sentinel, and the status says how it ended."""
+    from codeparrot.fim import FIM_TOKENS
+
+    before, after = "def add(a, b):\n    ", "\n\ndef sub(a, b):\n    return a - b\n"
+    job = client.submit(before, after, "exp", "latest", 0.0, 0.95, 12, 0, api_name="/infill")
+    whole, middle, status = job.result()
+    assert whole == before + middle + after and middle
+    assert not any(token in middle for token in FIM_TOKENS)
+    assert "ended by " in status and "exp@" in status and "middle of " in status
+    streamed = [o for o in job.outputs()]
+    assert len(streamed) >= 2 and all(w.startswith(before) and w.endswith(after) and middle.startswith(m)
+                                      for w, m, _ in streamed)
+
+
+def test_infill_bad_input_and_a_tokenizer_without_fim_tokens(client, tmp_path, stdlib_texts):
+    status = client.predict("  ", "\n", "exp", "latest", 0.0, 0.95, 8, 0, api_name="/infill")[2]
+    assert status == "error: the code before and after the cursor is empty; type or paste some code first"
+    status = client.predict("x" * 5000, "", "exp", "latest", 0.0, 0.95, 8, 0, api_name="/infill")[2]
+    assert "over the limit of 4,000 bytes" in status
+    # a checkpoint from before the FIM tokens were reserved: one line, no generation
+    from codeparrot.app.infill import stream_infill
+    from codeparrot.app.models import ModelCache
+    from codeparrot.app.workspace import Workspace, guarded
+    from codeparrot.repository.model import ModelConfig, build_model, to_gpt2_config
+    from codeparrot.repository.refs import open_repository
+
+    from ..fim.helpers import old_style_tokenizer
+
+    old = old_style_tokenizer(stdlib_texts[:10], vocab_size=300)
+    folder = tmp_path / "old"
+    build_model(to_gpt2_config(ModelConfig(n_layer=1, n_embd=32, n_head=2, n_positions=64), old), seed=0) \
+        .save_pretrained(folder)
+    old.save_pretrained(folder)
+    open_repository(str(tmp_path / "repo"), create=True).commit_folder(folder, "main", "initial model")
+    ws = Workspace(str(tmp_path / "repo"), cache=ModelCache(1 << 30, device="cpu"))
+    run = guarded(lambda line: ("", "", line))(stream_infill)
+    [(_, _, status)] = list(run(ws, "x = 1\n", "", "main", "latest", 0.0, 0.95, 8, 0))
+    assert status.startswith("error: infilling needs the FIM tokens") and "\n" not in status
+
+
 def _png(image) -> bytes:
     """The bytes of an image output (a served file's path: the server runs in this process)."""
     return Path(image["path"] if isinstance(image, dict) else image).read_bytes()

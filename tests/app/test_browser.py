@@ -148,6 +148,21 @@ def test_complete_tab(page, tmp_path):
     assert status.startswith("error: the prompt is empty") and "Traceback" not in page.js("document.body.innerText")
 
 
+def test_infill_tab(page, tmp_path):
+    _tab(page, "Infill")
+    before, after = "def add(a, b):\n    ", "\n\ndef sub(a, b):\n    return a - b\n"
+    _set_textarea(page, "infill-before", before)
+    _set_textarea(page, "infill-after", after)
+    page.js("document.getElementById('infill-button').click()")
+    status = page.wait("(s => s.includes('ended by') || s.includes('error') ? s : '')"
+                       "(document.getElementById('infill-status').innerText)")
+    assert "ended by" in status, status
+    whole = page.js("document.querySelector('#infill-output textarea').value")
+    middle = page.js("document.querySelector('#infill-middle textarea').value")
+    assert whole == before + middle + after  # the middle in place, the cursor's indentation kept
+    _shot(page, tmp_path, "infill")
+
+
 def test_highlight_tab(page, tmp_path, memorized_code):
     _tab(page, "Highlight")
     _set_code(page, "highlight-code", memorized_code.replace("a - b", "a ** b"))

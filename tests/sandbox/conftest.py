@@ -25,3 +25,17 @@ def start_box():
     yield start
     for box in boxes:
         box.close()
+
+
+@pytest.fixture(scope="session")
+def default_box():
+    """The default sandbox (every layer, the guard on) with 2 workers and a 3 s timeout, shared by the tests
+    that need nothing else (`run(..., timeout=...)` for a shorter one); skipped where it cannot start."""
+    box = Sandbox(SandboxConfig(timeout=3.0), num_workers=2)
+    try:
+        box.start()
+    except CodeParrotError as err:
+        box.close()
+        pytest.skip(str(err))
+    yield box
+    box.close()

@@ -87,15 +87,20 @@ FORGER = SCANNER + r'''
 import ast
 _FOUND = []
 
-def _answer(args):
-    if not _FOUND:
-        _FOUND.append(find_test_text(50000))
-    for text in _FOUND[0]:
+def _parsed(texts):
+    trees = []
+    for text in texts:
         try:
-            tree = ast.parse(text)
+            trees.append(list(ast.walk(ast.parse(text))))
         except SyntaxError:
-            continue
-        for node in ast.walk(tree):
+            pass
+    return trees
+
+def _answer(args):
+    if not _FOUND:  # every call runs (the checker records failures): look and parse once
+        _FOUND.append(_parsed(find_test_text(50000)))
+    for nodes in _FOUND[0]:
+        for node in nodes:
             if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, ast.Call):
                 call = node.left
                 if getattr(call.func, "id", "") == "candidate":
@@ -126,7 +131,7 @@ def test_the_forger_and_the_scanner_work_when_the_test_is_reachable():
     assert answer == 1 and any(task["test"] in text for text in found)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(25)
 def test_a_completion_that_forges_answers_from_the_test_passes_no_task(start_box):
     """The forger as every task's completion, in the default sandbox: it never finds the test (0 of 164
     pass), while the same sandbox still passes all canonical solutions (run in the same worker, interleaved,

@@ -338,9 +338,10 @@ def test_guard_hook_reads_no_global_names():
     import builtins
 
     from codeparrot.sandbox import child as sandbox_child
-    module_names = set(vars(sandbox_child)) | set(dir(builtins))
-    nested = [c for c in sandbox_child.install_guard.__code__.co_consts if hasattr(c, "co_names")]
-    assert {c.co_name for c in nested} >= {"hook", "check", "exact", "deny", "absolute", "inside"}
+    from codeparrot.sandbox import guard as sandbox_guard
+    module_names = set(vars(sandbox_child)) | set(vars(sandbox_guard)) | set(dir(builtins))
+    nested = [c for c in sandbox_guard.install_guard.__code__.co_consts if hasattr(c, "co_names")]
+    assert {c.co_name for c in nested} >= {"hook", "check", "exact", "deny", "absolute", "inside", "is_folder"}
     assert "resolve" in {c.co_name for c in nested}  # the path resolver too: os.lstat/readlink bound up front
     for code in [*nested, sandbox_child._after_program.__code__, sandbox_child._fail.__code__]:
         reads = {ins.argval for ins in __import__("dis").get_instructions(code)

@@ -16,6 +16,8 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.checkpointing import MANIFEST_FILE, resolve_resume, verify_checkpoint
 
+from ..script_cases import run_cases
+
 pytestmark = pytest.mark.slow(60)  # training launches: first in `make test`'s order
 
 
@@ -100,18 +102,29 @@ def test_a_changed_small_file_fails_its_hash(run, tmp_path):
         "training_state/scheduler.bin does not match its sha256 in the manifest"]
 
 
-def test_the_cli_reports_damage_in_one_line_and_auto_resumes_from_the_previous(run, tmp_path):
+@pytest.fixture(scope="module")
+def resumes(run, tmp_path_factory):
+    """Three `scripts/train.py` command lines after the run, in one process (tests/script_cases.py): an explicit
+    resume from a damaged step-2 (a copy of the run), `--resume auto` on that copy, and `--resume auto` on the
+    finished run itself."""
     import sys
 
     cfg, config, env, root, _, _ = run
-    copy = _damaged_copy(run, tmp_path, _delete("training_state/optimizer.bin"))
-    train = [sys.executable, str(root / "scripts" / "train.py"), "--config", str(config), "--output_dir", str(copy)]
-    explicit = subprocess.run([*train, "--resume", str(copy / "checkpoints" / "step-2")], env=env,
-                              capture_output=True, text=True, timeout=300)
+    copy = _damaged_copy(run, tmp_path_factory.mktemp("damaged"), _delete("training_state/optimizer.bin"))
+    script, on_copy = root / "scripts" / "train.py", ["--config", str(config), "--output_dir", str(copy)]
+    explicit, auto, finished = run_cases(sys.executable, env, [
+        (script, [*on_copy, "--resume", str(copy / "checkpoints" / "step-2")]),
+        (script, [*on_copy, "--resume", "auto"]),
+        (script, ["--config", str(config), "--resume", "auto"])])
+    return copy, explicit, auto, finished
+
+
+def test_the_cli_reports_damage_in_one_line_and_auto_resumes_from_the_previous(run, resumes):
+    cfg = run[0]
+    copy, explicit, auto, _ = resumes
     assert explicit.returncode == 2
     assert explicit.stderr.strip().splitlines() == [
         f"error: cannot resume from {copy / 'checkpoints' / 'step-2'}: training_state/optimizer.bin is missing"]
-    auto = subprocess.run([*train, "--resume", "auto"], env=env, capture_output=True, text=True, timeout=300)
     assert auto.returncode == 0, auto.stdout + auto.stderr
     assert "skipped step-2 (training_state/optimizer.bin is missing); resuming from step-1" in auto.stderr
     assert f"resumed from {copy / 'checkpoints' / 'step-1'}: step 1" in auto.stdout
@@ -131,15 +144,11 @@ def test_a_run_says_where_it_starts_and_ends(run):
     assert stdout.strip().splitlines()[-1] == f"final model (step 2): {cfg.run_dir() / 'final'}"
 
 
-def test_resume_auto_on_a_finished_run_says_so(run):
-    import sys
-
-    cfg, config, env, root, _, _ = run
-    done = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), "--config", str(config), "--resume",
-                           "auto"], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (f"run verify is already finished: step-2 reached max_steps 2; its final model is in "
-                                   f"{cfg.run_dir() / 'final'} (raise --max_steps to train further)")
+def test_resume_auto_on_a_finished_run_says_so(run, resumes):
+    cfg, finished = run[0], resumes[3]
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == (f"run verify is already finished: step-2 reached max_steps 2; its final model "
+                                       f"is in {cfg.run_dir() / 'final'} (raise --max_steps to train further)")
 
 
 def test_starting_from_a_promoted_main_warns(run, tmp_path):

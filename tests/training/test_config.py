@@ -16,8 +16,8 @@ from codeparrot.training.optim import build_optimizer, build_scheduler, lr_facto
 from codeparrot.training.reporting import flatten, redact
 
 
-def _shipped(repo_root, name: str) -> TrainConfig:
-    return load_config(TrainConfig, repo_root / "configs" / "train" / f"{name}.yaml")
+def _shipped(repo_root, name: str, *overrides: str) -> TrainConfig:
+    return load_config(TrainConfig, repo_root / "configs" / "train" / f"{name}.yaml", list(overrides))
 
 
 def test_every_shipped_config_validates(repo_root):
@@ -29,7 +29,8 @@ def test_every_shipped_config_validates(repo_root):
 
 
 def test_codeparrot_small_matches_the_published_run(repo_root):
-    cfg = _shipped(repo_root, "codeparrot-small")
+    assert _shipped(repo_root, "codeparrot-small").batch.micro_batch_size == "auto"  # measured at start on CUDA
+    cfg = _shipped(repo_root, "codeparrot-small", "--batch.micro_batch_size", "12")  # the published micro-batch
     assert cfg.accumulation_steps(16) == 1
     assert cfg.sequences_per_step(16) == 192 == 12 * 16
     assert cfg.tokens_per_step(16) == 196_608
@@ -42,7 +43,8 @@ def test_codeparrot_small_matches_the_published_run(repo_root):
 
 
 def test_codeparrot_1p5b_matches_the_published_run(repo_root):
-    cfg = _shipped(repo_root, "codeparrot")
+    assert _shipped(repo_root, "codeparrot").batch.micro_batch_size == "auto"  # measured at start on CUDA
+    cfg = _shipped(repo_root, "codeparrot", "--batch.micro_batch_size", "2")  # the published micro-batch
     assert cfg.accumulation_steps(16) == 16
     assert cfg.sequences_per_step(16) == 512 == 2 * 16 * 16
     assert cfg.tokens_per_step(16) * cfg.max_steps == pytest.approx(26.2e9, rel=0.01)

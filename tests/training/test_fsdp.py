@@ -4,15 +4,19 @@
 
 Accelerate alone runs plain data parallel there; codeparrot/training/sharding.py switches it to its FSDP2 path.
 Checked: the parameters really are sharded (each process holds half; the checkpoint's model and optimizer are
-stored as one shard per process), the losses and weights match a DDP run (both with the fused LM-head loss),
-`--resume auto` from a sharded checkpoint continues exactly, and the pushed branch holds a full (unsharded)
-model that transformers loads. Also: a non-main rank's `error:` line lands in its <run>/logs/rank-N.log."""
+stored as one shard per process), the losses and weights match one process accumulating the same global batch
+(which tests/training/test_distributed.py shows is what 2-process data parallel computes; both with the fused
+LM-head loss), `--resume auto` from a sharded checkpoint continues exactly, and the pushed branch holds a full
+(unsharded) model that transformers loads. Also: a non-main rank's `error:` line lands in its
+<run>/logs/rank-N.log.
+
+The references run in this test process (`train()` on one process): a launch costs three interpreters that each
+import torch and transformers, about 30 s of CPU on the 2-core test machine."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -23,23 +27,22 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
 
-pytestmark = pytest.mark.slow(200)  # 2-process FSDP and DDP launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(150)  # 2-process FSDP and DDP launches: first in `make test`'s order
 
 STEPS = 4  # checkpoints at 2 and 4
 # The 1.5B preset's shape in miniature: gradient checkpointing and accumulation (FSDP skips the reduce-scatter on
-# the first micro-step). Recomputing activations is the same arithmetic, so DDP without it gives the same losses.
+# the first micro-step). Recomputing activations is the same arithmetic, so the reference without it gives the
+# same losses.
 FSDP = {"gradient_checkpointing": True}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The same global batch of 4 sequences on one process: 4 micro-steps of the one stream hold what the two ranks'
+# 2 micro-steps each hold (pretokenized data deals the sequences to the ranks in turn).
+ONE_PROCESS = {"batch.gradient_accumulation_steps": 4}
 
 
 def _write_config(toy, folder, name: str, **overrides) -> tuple[object, str]:
     cfg = toy.config(run_name=name, max_steps=STEPS, **{
-        "output_dir": str(folder / name), "data.seq_length": 64, "batch.micro_batch_size": 1,
+        "output_dir": str(folder / name), "data.train": str(toy.root / "tokens" / "train"),
+        "data.valid": str(toy.root / "tokens" / "valid"), "data.seq_length": 64, "batch.micro_batch_size": 1,
         "batch.gradient_accumulation_steps": 2,
         "logging.log_steps": 1, "checkpoint.save_steps": 2, "checkpoint.keep_last": 5, "checkpoint.push": False,
         "eval.max_eval_steps": 2, **overrides})
@@ -48,11 +51,11 @@ def _write_config(toy, folder, name: str, **overrides) -> tuple[object, str]:
     return cfg, str(path)
 
 
-def _launch(repo_root, env, config: str, fsdp: bool, *extra: str, precision: str = "no") -> subprocess.Popen:
+def _launch(repo_root, env, config: str, fsdp: bool, *extra: str, port: int, precision: str = "no") -> subprocess.Popen:
     mode = ["--config_file", str(repo_root / "configs" / "accelerate" / "fsdp.yaml")] if fsdp else [
         "--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
     command = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2",
-               "--mixed_precision", precision, "--main_process_port", str(_free_port()),
+               "--mixed_precision", precision, "--main_process_port", str(port),
                str(repo_root / "scripts" / "train.py"), "--config", config, *extra]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -61,6 +64,19 @@ def _finish(process: subprocess.Popen) -> str:
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0, out
     return out
+
+
+def _train_here(cfg) -> None:
+    """The one-process reference, in this process (no launch)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from codeparrot.training.train import train
+
+    try:
+        train(cfg)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
 
 
 def _losses(run_dir) -> dict[int, float]:
@@ -75,32 +91,40 @@ def _weights(folder):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, stdlib_texts, repo_root):
-    """The same 4-step training as FSDP (pushing to the run branch) and as DDP, launched side by side."""
+def runs(tmp_path_factory, stdlib_texts, repo_root, launch_port):
+    """The same 4-step training as FSDP (pushing to the run branch), launched, and as one process accumulating
+    the same global batch, here, while the launch runs."""
     import os
+
+    from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.datasets.pretokenized import pretokenize
 
     root = tmp_path_factory.mktemp("fsdp")
     toy = build_toy_run(root, stdlib_texts[:60], vocab_size=400)
+    tokenizer = load_tokenizer(str(toy.tokenizer_dir))
+    for split, data in (("train", toy.train_data), ("valid", toy.valid_data)):
+        pretokenize(str(data), tokenizer, root / "tokens" / split, progress=False)
     env = {**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     fsdp_cfg, fsdp_path = _write_config(toy, root, "fsdp", **FSDP, **{"checkpoint.push": True})
-    ddp_cfg, ddp_path = _write_config(toy, root, "ddp")
-    fsdp, ddp = _launch(repo_root, env, fsdp_path, True), _launch(repo_root, env, ddp_path, False)
-    return {"toy": toy, "root": root, "env": env, "fsdp": (fsdp_cfg, _finish(fsdp)), "ddp": (ddp_cfg, _finish(ddp))}
+    one_cfg, _ = _write_config(toy, root, "one", **ONE_PROCESS)
+    fsdp = _launch(repo_root, env, fsdp_path, True, port=launch_port())
+    _train_here(one_cfg)
+    return {"toy": toy, "root": root, "env": env, "fsdp": (fsdp_cfg, _finish(fsdp)), "one": one_cfg}
 
 
-def test_fsdp_shards_and_matches_ddp(runs):
+def test_fsdp_shards_and_matches_one_process(runs):
     from torch.distributed.checkpoint import FileSystemReader
 
-    (fsdp_cfg, out), (ddp_cfg, ddp_out) = runs["fsdp"], runs["ddp"]
+    (fsdp_cfg, out), one_cfg = runs["fsdp"], runs["one"]
     assert "FSDP2 over 2 process(es), gloo backend: each holds 50.0% of the parameters" in out, out
-    assert "FSDP2" not in ddp_out
-    assert "loss: fused LM head + cross-entropy" in out and "loss: fused LM head + cross-entropy" in ddp_out
+    assert "loss: fused LM head + cross-entropy" in out
+    assert "4 sequences/step = 1/process × 2 accumulation × 2 processes" in out, out
 
-    fsdp_losses, ddp_losses = _losses(fsdp_cfg.run_dir()), _losses(ddp_cfg.run_dir())
+    fsdp_losses, ddp_losses = _losses(fsdp_cfg.run_dir()), _losses(one_cfg.run_dir())
     assert sorted(fsdp_losses) == list(range(1, STEPS + 1))
     for step, loss in ddp_losses.items():
         assert fsdp_losses[step] == pytest.approx(loss, rel=1e-5), step
-    w_fsdp, w_ddp = _weights(fsdp_cfg.run_dir() / "final"), _weights(ddp_cfg.run_dir() / "final")
+    w_fsdp, w_ddp = _weights(fsdp_cfg.run_dir() / "final"), _weights(one_cfg.run_dir() / "final")
     assert w_fsdp.keys() == w_ddp.keys()
     for key in w_ddp:
         torch.testing.assert_close(w_fsdp[key], w_ddp[key], rtol=1e-4, atol=1e-5)
@@ -115,13 +139,13 @@ def test_fsdp_shards_and_matches_ddp(runs):
     assert sorted(tuple(chunk.sizes) for chunk in wte.chunks) == [(200, 64), (200, 64)]
 
 
-def test_fsdp_resume_auto_continues_exactly(runs, tmp_path, repo_root):
+def test_fsdp_resume_auto_continues_exactly(runs, tmp_path, repo_root, launch_port):
     """A fresh run folder holding only the sharded step-2 checkpoint resumes to step 4 with the losses and the
     final weights of the uninterrupted run."""
     fsdp_cfg, _ = runs["fsdp"]
     cfg, path = _write_config(runs["toy"], tmp_path, "fsdp", **FSDP)  # same run name, another folder, no push
     shutil.copytree(fsdp_cfg.run_dir() / "checkpoints" / "step-2", cfg.run_dir() / "checkpoints" / "step-2")
-    out = _finish(_launch(repo_root, runs["env"], path, True, "--resume", "auto"))
+    out = _finish(_launch(repo_root, runs["env"], path, True, "--resume", "auto", port=launch_port()))
     assert "resumed from" in out and "step 2" in out, out
     resumed, uninterrupted = _losses(cfg.run_dir()), _losses(fsdp_cfg.run_dir())
     assert sorted(resumed) == [3, 4]
@@ -146,40 +170,40 @@ def test_fsdp_push_is_a_full_model(runs):
         assert torch.equal(state[key], value), key
 
 
-def test_non_main_rank_error_goes_to_its_rank_log(runs, repo_root):
+def test_non_main_rank_error_goes_to_its_rank_log(runs, tmp_path, repo_root, launch_port):
     """Rank 1 alone fails (its saved data position is not a loader state): the `error:` line, printed by the
     main process only, is in logs/rank-1.log."""
     from codeparrot.training.checkpointing import write_manifest
 
-    ddp_cfg, _ = runs["ddp"]
-    run_dir = ddp_cfg.run_dir()
-    for name in ("step-4", "final"):
-        shutil.rmtree(run_dir / ("checkpoints" if name.startswith("step") else "") / name)
-    checkpoint = run_dir / "checkpoints" / "step-2"
+    fsdp_cfg, _ = runs["fsdp"]
+    cfg, path = _write_config(runs["toy"], tmp_path, "fsdp", **FSDP)  # a fresh run folder holding step 2
+    checkpoint = cfg.run_dir() / "checkpoints" / "step-2"
+    shutil.copytree(fsdp_cfg.run_dir() / "checkpoints" / "step-2", checkpoint)
     torch.save(["not", "a", "loader", "state"], checkpoint / "training_state" / "data_rank1.pt")
     (checkpoint / "manifest.json").unlink()
     write_manifest(checkpoint)  # consistent on disk: only rank 1's content is wrong
-    process = _launch(repo_root, runs["env"], str(run_dir.parent / "ddp.yaml"), False, "--resume", "auto")
+    process = _launch(repo_root, runs["env"], path, True, "--resume", "auto", port=launch_port())
     out, _ = process.communicate(timeout=300)
     assert process.returncode != 0, out
-    rank1 = (run_dir / "logs" / "rank-1.log").read_text()
+    rank1 = (cfg.run_dir() / "logs" / "rank-1.log").read_text()
     assert "ERROR codeparrot: error: data loader state is a list, not a dict" in rank1, rank1
-    assert "data loader state is a list" not in (run_dir / "logs" / "rank-0.log").read_text()
+    assert "data loader state is a list" not in (cfg.run_dir() / "logs" / "rank-0.log").read_text()
 
 
-def test_fsdp_bf16_reduces_gradients_in_fp32_and_matches_ddp(runs, tmp_path, repo_root):
+def test_fsdp_bf16_reduces_gradients_in_fp32_and_matches_one_process(runs, tmp_path, repo_root, launch_port):
     """bf16 compute: FSDP reduce-scatters the gradients in fp32 (read from the sharded modules' own policy;
-    Accelerate's default would reduce in bf16), as DDP all-reduces them. The losses agree to ~1e-4, not to the
-    fp32 runs' 1e-5: FSDP computes with bf16 copies of every parameter (LayerNorm gains and embeddings included)
-    where DDP's autocast keeps those in fp32, a difference already in step 1's loss, before any reduction
-    (measured here: step 1 5.974811 vs 5.974766, step 4 5.753747 vs 5.753317)."""
-    processes = {}
-    for name, fsdp in (("fsdp-bf16", True), ("ddp-bf16", False)):
-        _, path = _write_config(runs["toy"], tmp_path, name)
-        processes[name] = _launch(repo_root, runs["env"], path, fsdp, precision="bf16")
-    out = {name: _finish(process) for name, process in processes.items()}
-    assert "each holds 50.0% of the parameters (DTensor shards); gradients reduced in float32" in out["fsdp-bf16"]
-    fsdp_losses, ddp_losses = _losses(tmp_path / "fsdp-bf16"), _losses(tmp_path / "ddp-bf16")
-    assert sorted(fsdp_losses) == sorted(ddp_losses) == list(range(1, STEPS + 1))
-    for step, loss in ddp_losses.items():
+    Accelerate's default would reduce in bf16), matching one process that accumulates the global batch in fp32.
+    The losses agree to ~1e-4, not to the fp32 runs' 1e-5: FSDP computes with bf16 copies of every parameter
+    (LayerNorm gains and embeddings included) where autocast keeps those in fp32, a difference already in step
+    1's loss, before any reduction (measured against 2-process DDP: step 1 5.974811 vs 5.974766, step 4 5.753747
+    vs 5.753317)."""
+    _, fsdp_path = _write_config(runs["toy"], tmp_path, "fsdp-bf16")
+    one_cfg, _ = _write_config(runs["toy"], tmp_path, "one-bf16", mixed_precision="bf16", **ONE_PROCESS)
+    fsdp = _launch(repo_root, runs["env"], fsdp_path, True, precision="bf16", port=launch_port())
+    _train_here(one_cfg)
+    out = _finish(fsdp)
+    assert "each holds 50.0% of the parameters (DTensor shards); gradients reduced in float32" in out, out
+    fsdp_losses, one_losses = _losses(tmp_path / "fsdp-bf16"), _losses(tmp_path / "one-bf16")
+    assert sorted(fsdp_losses) == sorted(one_losses) == list(range(1, STEPS + 1))
+    for step, loss in one_losses.items():
         assert fsdp_losses[step] == pytest.approx(loss, rel=2e-4), step

@@ -160,7 +160,7 @@ def test_torch_build_report_names_the_build_and_the_gpu(monkeypatch, fake_nvidia
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", None)
     assert torch_build_report({"PATH": "/nonexistent"}) == f"torch {torch.__version__} (CPU build); CUDA not visible"
-    assert "make install CUDA=cu126" in torch_build_report({"PATH": fake_nvidia_smi})
+    assert "make install CUDA=cu130" in torch_build_report({"PATH": fake_nvidia_smi})
     monkeypatch.setattr(torch.version, "cuda", "12.6")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

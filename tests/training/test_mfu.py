@@ -15,6 +15,13 @@ from codeparrot.training import mfu as mfu_mod
 from codeparrot.training.mfu import flops_per_token, matmul_params, mfu, model_flops_per_token, peak_flops
 
 
+@pytest.fixture(autouse=True)
+def _measured_peak(monkeypatch):
+    """The tests of this module read the peak as a user's run does: measured, or the GPU table (tests/conftest.py
+    gives every other test a fixed CODEPARROT_PEAK_TFLOPS)."""
+    monkeypatch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
+
+
 def _meta_gpt2(n_layer: int, n_embd: int, n_head: int, vocab: int = 32768, n_positions: int = 1024):
     from transformers import GPT2LMHeadModel
 

@@ -1,11 +1,11 @@
 """Non-finite losses and gradients: such a step is skipped (weights and optimizer untouched, schedule and data
 advance), counted with its data position in the log and metrics.jsonl; `max_bad_steps` in a row stop the run with
-one line naming the first; a checkpoint never holds non-finite weights. 1 process in-process, 2 over gloo."""
+one line naming the first; a checkpoint never holds non-finite weights. 1 process in this test process (`train()`),
+2 processes launched over gloo."""
 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -18,7 +18,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.optim import lr_factor
 
-pytestmark = pytest.mark.slow(100)  # training launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(60)  # training launches: first in `make test`'s order
 
 # Run as the training script, with the loss of the given (1-based) forward calls of one rank turned into NaN:
 # a batch that blows up, as a corrupt record or an overflow would.
@@ -84,23 +84,43 @@ def _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls, rank, launcher, 
     return done, cfg.run_dir()
 
 
-def _two_processes() -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _poison_here(monkeypatch, calls) -> None:
+    """The POISON script's patch, in this process (one process: rank 0)."""
+    import codeparrot.training.train as train_module
+
+    real, count = train_module.forward_loss, [0]
+
+    def poisoned(model, head, batch):
+        count[0] += 1
+        loss = real(model, head, batch)
+        return loss * float("nan") if count[0] in set(calls) else loss
+
+    monkeypatch.setattr(train_module, "forward_loss", poisoned)
+    monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "1")
+
+
+def _two_processes(port: int) -> list[str]:
     return [sys.executable, "scripts/launch.py", "--config_file", "accelerate_config.yaml", "--num_processes", "2",
             "--mixed_precision", "no", "--main_process_port", str(port)]
 
 
 @pytest.mark.parametrize("processes,fused", [(1, False), (2, False), (1, True), (2, True)],
                          ids=["1-process", "2-processes", "1-process-fused", "2-processes-fused"])
-def test_a_non_finite_step_is_skipped_and_the_run_goes_on(toy, tmp_path, repo_root, scripts_env, processes, fused):
+def test_a_non_finite_step_is_skipped_and_the_run_goes_on(toy, tmp_path, repo_root, scripts_env, launch_port,
+                                                          monkeypatch, processes, fused):
     # step 3 of 4 (one micro-batch per step) gets a NaN loss on the last rank only: every rank must skip it.
     # fused: the CUDA default optimizer, where the skip is decided on the device (no host sync per step)
-    launcher = [sys.executable] if processes == 1 else _two_processes()
-    done, run_dir = _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls=[3], rank=processes - 1,
-                                  launcher=launcher, **{"optim.fused": fused})
-    assert done.returncode == 0, done.stdout + done.stderr
+    if processes == 1:
+        from codeparrot.training.train import train
+
+        _poison_here(monkeypatch, calls=[3])
+        cfg = _config(toy, tmp_path, **{"optim.fused": fused})
+        train(cfg)
+        run_dir = cfg.run_dir()
+    else:
+        done, run_dir = _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls=[3], rank=processes - 1,
+                                      launcher=_two_processes(launch_port()), **{"optim.fused": fused})
+        assert done.returncode == 0, done.stdout + done.stderr
     ckpt = run_dir / "checkpoints"
     w2, w3, w4 = (_weights(ckpt / f"step-{s}") for s in (2, 3, 4))
     assert _same(w2, w3)  # not applied, on the rank whose own loss was finite too (its weights are the ones saved)
@@ -119,15 +139,17 @@ def test_a_non_finite_step_is_skipped_and_the_run_goes_on(toy, tmp_path, repo_ro
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["host", "fused"])
-def test_max_bad_steps_in_a_row_stop_the_run_naming_the_first(toy, tmp_path, repo_root, scripts_env, fused):
-    done, run_dir = _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls=[2, 3, 4, 5], rank=0,
-                                  launcher=[sys.executable], max_steps=10, max_bad_steps=3,
-                                  **{"optim.fused": fused})
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert len(lines) == 1 and "3 steps in a row had a non-finite loss or gradient norm" in lines[0], lines
-    assert "the first at step 2 (rank 0's micro-batches 2-2 of data.train" in lines[0], lines[0]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
+def test_max_bad_steps_in_a_row_stop_the_run_naming_the_first(toy, tmp_path, monkeypatch, fused):
+    from codeparrot.training.train import train
+
+    _poison_here(monkeypatch, calls=[2, 3, 4, 5])
+    cfg = _config(toy, tmp_path, max_steps=10, max_bad_steps=3, **{"optim.fused": fused})
+    with pytest.raises(CodeParrotError) as error:  # the CLI prints it as one `error:` line and exits with 2
+        train(cfg)
+    line = str(error.value)
+    assert "\n" not in line and "3 steps in a row had a non-finite loss or gradient norm" in line, line
+    assert "the first at step 2 (rank 0's micro-batches 2-2 of data.train" in line, line
+    assert sorted(p.name for p in (cfg.run_dir() / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
 
 
 def test_a_checkpoint_never_holds_non_finite_weights(toy, tmp_path, monkeypatch):

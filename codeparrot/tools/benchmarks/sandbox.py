@@ -9,10 +9,20 @@
   holding torch would be slower, which would flatter us);
 - generation: tokens/s and samples/s of `generate_samples` (batch 10, HumanEval prompts, random weights,
   so every sample runs to max_new_tokens) for the `tiny` model preset with a 4,096-token BPE.
+
+Before/after a sandbox change, in one run on the same machine (each tree's sandbox warm in its own
+interpreter, the two running the workloads in alternation, so machine noise falls on both: `compare`):
+
+    git -C . archive HEAD | tar -x -C /tmp/sandbox-before      # today's code, outside the repository
+    python -m codeparrot.tools.benchmarks.sandbox --before /tmp/sandbox-before [--rounds 5]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,3 +148,76 @@ def rows(quick: bool = False) -> list[BenchRow]:
         out += _human_eval_rows(n, workers, repeats)
     out += _generation_rows(quick)
     return out
+
+
+# A sandbox of the tree on PYTHONPATH, kept warm (every worker started, every test seen once), running a
+# workload each time it reads its name on stdin ("canonical": the 164 canonical solutions; "looping": the
+# same with every 10th an infinite loop) and answering one JSON line (programs/s, passed).
+_ONE_TREE = r"""
+import json, sys, time
+from codeparrot.humaneval.problems import load_problems
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
+from codeparrot.sandbox.client import available_cpus
+loop = "    while True:\n        pass\n"
+problems = load_problems()
+workloads = {"canonical": [Program(p["prompt"], p["canonical_solution"], p["test"], p["entry_point"]) for p in problems],
+             "looping": [Program(p["prompt"], loop if i % 10 == 9 else p["canonical_solution"], p["test"],
+                                 p["entry_point"]) for i, p in enumerate(problems)]}
+with Sandbox(SandboxConfig(timeout=3.0), num_workers=available_cpus()) as box:
+    box.start()
+    box.run(workloads["canonical"])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        programs = workloads[line.strip()]
+        start = time.perf_counter()
+        passed = sum(r.passed for r in box.run(programs))
+        print(json.dumps({"rate": len(programs) / (time.perf_counter() - start), "passed": passed}), flush=True)
+"""
+
+
+def compare(before: str, after: str, rounds: int = 5) -> str:
+    """The sandbox workloads of two source trees, each tree's sandbox warm in its own interpreter, run in
+    alternation (order swapped every round): each "after / before" is the median of the paired ratios, so a
+    load that drifts over minutes falls on both. A Markdown table."""
+    trees = {"before": before, "after": after}
+    procs = {name: subprocess.Popen([sys.executable, "-c", _ONE_TREE], env={**os.environ, "PYTHONPATH": tree},
+                                    cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for name, tree in trees.items()}
+    got = {(name, kind): [] for name in trees for kind in ("canonical", "looping")}
+    try:
+        for name, proc in procs.items():
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"{trees[name]}: the sandbox did not start")
+        plan = [("canonical", i) for i in range(rounds)] + [("looping", i) for i in range(max(1, rounds // 2))]
+        for kind, i in plan:
+            for name in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                procs[name].stdin.write(kind + "\n")
+                procs[name].stdin.flush()
+                got[name, kind].append(json.loads(procs[name].stdout.readline()))
+                print(f"[sandbox compare] {name} {kind}: {got[name, kind][-1]}", file=sys.stderr, flush=True)
+    finally:
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+    lines = ["| workload | before (programs/s) | after (programs/s) | after / before (paired) |", "|---|---:|---:|---:|"]
+    for kind, label in (("canonical", "164 canonical solutions"), ("looping", "10% looping forever")):
+        b, a = ([r["rate"] for r in got[name, kind]] for name in ("before", "after"))
+        ratios = sorted(x / y for x, y in zip(a, b))
+        lines.append(f"| {label} | {statistics.median(b):.1f} | {statistics.median(a):.1f} | "
+                     f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}..{ratios[-1]:.2f}, {len(ratios)} pairs) |")
+    passed = {name: (got[name, "canonical"][-1]["passed"], got[name, "looping"][-1]["passed"]) for name in trees}
+    lines.append(f"\n{available_cpus()} workers per tree; passed (canonical, looping): {passed}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="The sandbox rows of another source tree beside this one's.")
+    parser.add_argument("--before", required=True, help="the other tree (e.g. `git archive HEAD` extracted)")
+    parser.add_argument("--after", default=str(Path(__file__).resolve().parents[3]), help="default: this tree")
+    parser.add_argument("--rounds", type=int, default=5, help="canonical runs per tree (looping: half as many)")
+    args = parser.parse_args(argv)
+    print(compare(args.before, args.after, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,28 +8,44 @@ from pathlib import Path
 from codeparrot.config import doc
 from codeparrot.errors import CodeParrotError
 
-STAGES = ("device", "ceilings", "attention", "loss", "train_step", "profile", "end_to_end")
+# The default order is the order of importance: a lease that ends early has measured what matters most (the
+# training CLI at the recipe's batch, where its time goes, the 1.5B preset, a JAX peer), then the ceilings and
+# micro-benchmarks that explain those figures. `device` is first only because it takes no time.
+STAGES = ("device", "headline", "profile", "model_1_5b", "jax", "ceilings", "attention", "loss", "train_step",
+          "end_to_end")
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+# The least time (seconds) a stage needs to give any figure on one H100, from the timings of 2026-11-27 (start-up,
+# compilation and the first timed steps): with less left the stage is skipped rather than cut off part-way. Not an
+# estimate of anything reported. A smoke run has no floors (it checks the tool, on whatever machine).
+STAGE_FLOOR_S = {"device": 0, "headline": 120, "profile": 45, "model_1_5b": 90, "jax": 60, "ceilings": 5,
+                 "attention": 10, "loss": 15, "train_step": 45, "end_to_end": 150}
 
 
 @dataclass
 class GpuCheckConfig:
     """scripts/gpu_check.py: measure the recipe on this device; results in OUTPUT_DIR/gpu_check.{json,md}."""
 
-    output_dir: str = doc("gpu_check", "folder for gpu_check.json and gpu_check.md (results of earlier runs in it "
-                                       "are kept: run the stages one call at a time)")
-    stages: list[str] = doc(list(STAGES), f"stages to run, in order (default: all): {', '.join(STAGES)}",
-                            nargs="+", metavar="STAGE")
-    smoke: bool = doc(False, "every stage on the tiny preset with small shapes (CPU-sized, under 2 minutes); "
+    output_dir: str = doc("gpu_check", "folder for gpu_check.json and gpu_check.md (results of earlier calls in it "
+                                       "are kept, and a stage skipped now keeps its earlier figures)")
+    stages: list[str] = doc(list(STAGES), f"stages to run, in order (default: all, most important first): "
+                                          f"{', '.join(STAGES)}", nargs="+", metavar="STAGE")
+    minutes: float = doc(8.0, "time budget of the whole call (a lent GPU call is limited to about 9 minutes): a "
+                              "stage that does not fit in what is left is recorded as 'skipped: time budget "
+                              "spent', never estimated; training runs still going at the end are killed")
+    smoke: bool = doc(False, "every stage on the tiny preset with small shapes (CPU-sized, one to two minutes of CPU); "
                              "checks the tool, measures nothing meaningful")
     micro_batches: list[int] = doc([12, 24, 48], "micro-batch sizes of the compiled training-step variant "
                                                  "(codeparrot-small; 12 is the recipe's)", nargs="+")
     steps: int = doc(20, "timed training steps per variant (after the warm-up steps)")
     warmup_steps: int = doc(5, "untimed steps per variant first (compilation, allocator, cuDNN autotuning)")
-    stage_minutes: float = doc(8.0, "time budget of one stage: variants still to run when it is spent are "
-                                    "recorded as skipped, never estimated; the end-to-end runs are killed when it is spent")
+    stage_minutes: float = doc(8.0, "time budget of one stage, within --minutes: variants still to run when it is "
+                                    "spent are recorded as skipped, never estimated; training runs are killed")
     variants: list[str] = doc([], "run only the training-step variants whose name contains one of these words "
                                   "(default: all)", nargs="*", metavar="WORD")
+    jax_python: str = doc("", "Python interpreter that runs the jax stage's JAX training step (one where jax "
+                              "imports; default: this one). JAX is never a dependency of this project: without "
+                              "it the stage is skipped with a note")
 
     def __post_init__(self) -> None:
         if self.smoke:  # a check of the tool: as few steps as show that every stage works
@@ -39,13 +55,18 @@ class GpuCheckConfig:
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:
             raise CodeParrotError(f"--stages: unknown stage {unknown[0]!r} (known: {', '.join(STAGES)})")
-        if self.steps < 1 or self.warmup_steps < 0 or self.stage_minutes <= 0 or any(b < 1 for b in self.micro_batches):
-            raise CodeParrotError("--steps, --micro-batches must be >= 1, --warmup-steps >= 0, --stage-minutes > 0")
+        if (self.steps < 1 or self.warmup_steps < 0 or self.stage_minutes <= 0 or self.minutes <= 0
+                or any(b < 1 for b in self.micro_batches)):
+            raise CodeParrotError("--steps, --micro-batches must be >= 1, --warmup-steps >= 0, --minutes and "
+                                  "--stage-minutes > 0")
+
+    def floor_seconds(self, stage: str) -> float:
+        return 0.0 if self.smoke else float(STAGE_FLOOR_S[stage])
 
 
 @dataclass(frozen=True)
 class Shapes:
-    """What a mode measures: the model preset and every tensor size."""
+    """What a mode measures: the model presets and every tensor size."""
 
     model_preset: Path
     train_preset: Path
@@ -57,6 +78,20 @@ class Shapes:
     attention_batch: int
     loss_rows: int  # rows of the loss micro-benchmark (one micro-batch of tokens)
     end_to_end_files: int  # stdlib files the end-to-end run's tokenizer and data come from
+    global_batch: int  # headline: sequences per optimizer step (the recipe's 192)
+    # headline: the micro-batches of its rows, "auto" included (the recipe's 12, so 16 accumulation, and auto).
+    # Smoke: auto alone, since each CLI run costs ~13 s of CPU in imports and the rows share every line of code
+    headline_micro_batches: tuple[str, ...]
+    headline_steps: int  # headline: optimizer steps per CLI run (logged every 2; the first window is warm-up)
+    large_preset: Path  # model_1_5b: the preset whose memory and MFU it measures
+    large_override: tuple[tuple[str, int], ...]  # model_1_5b: preset fields replaced (smoke: 48 tiny layers)
+    large_seq_length: int  # model_1_5b: tokens per sequence
+    large_start: int  # model_1_5b: the first micro-batch tried (then doubled while it fits, halved while not)
+    large_max: int  # model_1_5b: no larger micro-batch is tried
+    # torch threads of this process and of the CLI runs on a CPU (None: torch's default). Smoke: 1, because on the
+    # 2-core CI machine, where the suite runs two workers side by side, two threads per process spin-wait on
+    # each other: a tiny training step measured 1,100 ms of CPU with 2 threads against 70 ms with 1.
+    cpu_threads: int | None
 
 
 def shapes_for(cfg: GpuCheckConfig) -> Shapes:
@@ -64,7 +99,13 @@ def shapes_for(cfg: GpuCheckConfig) -> Shapes:
     if cfg.smoke:
         return Shapes(configs / "model" / "tiny.yaml", configs / "train" / "tiny.yaml", vocab_size=2048,
                       seq_length=128, micro_batches=(2, 4), gemm_size=256, copy_mib=8, attention_batch=2,
-                      loss_rows=2 * 127, end_to_end_files=40)
+                      loss_rows=2 * 127, end_to_end_files=40, global_batch=8, headline_micro_batches=("auto",),
+                      headline_steps=4, large_preset=configs / "model" / "tiny.yaml",
+                      large_override=(("n_layer", 48), ("n_embd", 32), ("n_head", 2)), large_seq_length=32,
+                      large_start=1, large_max=2, cpu_threads=1)
     return Shapes(configs / "model" / "codeparrot-small.yaml", configs / "train" / "codeparrot-small.yaml",
                   vocab_size=32768, seq_length=1024, micro_batches=tuple(cfg.micro_batches), gemm_size=8192,
-                  copy_mib=1024, attention_batch=12, loss_rows=12 * 1023, end_to_end_files=400)
+                  copy_mib=1024, attention_batch=12, loss_rows=12 * 1023, end_to_end_files=400, global_batch=192,
+                  headline_micro_batches=("12", "auto"), headline_steps=10,
+                  large_preset=configs / "model" / "codeparrot.yaml", large_override=(), large_seq_length=1024,
+                  large_start=8, large_max=64, cpu_threads=None)

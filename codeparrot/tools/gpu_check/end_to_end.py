@@ -11,6 +11,7 @@ The CLI's own metrics (tokens/s, MFU of the windows after the first) are reporte
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from codeparrot.repository.model import build_model, load_model_config, save_mod
 from codeparrot.tokenizer import save_tokenizer, train_tokenizer
 from codeparrot.tools.benchmarks.loader import stdlib_texts
 from codeparrot.tools.gpu_check.config import REPO_ROOT, Shapes
+from codeparrot.tools.gpu_check.kernels import device_peak
 from codeparrot.tools.toy_run import write_shards
 from codeparrot.training.datasets.pretokenized import pretokenize
 
@@ -42,10 +44,14 @@ def prepare(root: Path, shapes: Shapes) -> tuple[Path, Path]:
     return root / "model", root / "tokens"
 
 
+def launcher(cuda: bool) -> list[str]:
+    """`accelerate launch` on one process, as docs/gpu.md runs it (the first 3 items are `python -m ...`)."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+            "--mixed_precision", "bf16" if cuda else "no", "--dynamo_backend", "no"]
+
+
 def train_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, cuda: bool) -> list[str]:
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-                "--mixed_precision", "bf16" if cuda else "no", "--dynamo_backend", "no"]
-    return [*launcher, str(REPO_ROOT / "scripts" / "train.py"), "--config", str(shapes.train_preset),
+    return [*launcher(cuda), str(REPO_ROOT / "scripts" / "train.py"), "--config", str(shapes.train_preset),
             "--model", str(model), "--revision", "null", "--data.train", str(tokens), "--data.valid", "", "--data.seq_length",
             str(shapes.seq_length), "--data.num_workers", "1", "--output_dir", str(run_dir),
             "--max_steps", str(STEPS), "--schedule.warmup_steps", "5", "--checkpoint.save_steps", str(SAVE_EVERY),
@@ -54,20 +60,48 @@ def train_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, cuda
             "--batch.gradient_accumulation_steps", "1", "--batch.num_processes", "1"]
 
 
-def run_logged(command: list[str], log: Path, deadline: float) -> None:
-    """Run `command` into `log`; killed at `deadline` (time.monotonic()): a stage never outlives its budget."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def cli_env(shapes: Shapes, device: torch.device) -> dict[str, str]:
+    """What the CLI runs get besides this environment on a CPU: `Shapes.cpu_threads` torch threads, and the CPU
+    peak this process measured at that thread count (each run would measure it again on a busy machine)."""
+    if device.type != "cpu":
+        return {}
+    env = {"OMP_NUM_THREADS": str(shapes.cpu_threads)} if shapes.cpu_threads else {}
+    peak, _ = device_peak(device)
+    if peak and "CODEPARROT_PEAK_TFLOPS" not in os.environ:
+        env["CODEPARROT_PEAK_TFLOPS"] = f"{peak / 1e12:.6f}"
+    return env
+
+
+def run_until(command: list[str], log: Path, deadline: float, extra_env: dict[str, str] | None = None) -> int:
+    """Run `command` into `log`, return its exit status; killed at `deadline` (time.monotonic()), which raises:
+    a stage never outlives its budget."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           **(extra_env or {})}
     left = deadline - time.monotonic()
     if left <= 0:
         raise RuntimeError(f"stage time budget spent before {log.stem} started")
     with open(log, "w", encoding="utf-8") as out:
         try:
-            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=left)
+            return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                  timeout=left).returncode
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"stage time budget spent: {log.stem} killed after {left:.0f} s (log: {log})") from None
-    if done.returncode != 0:
+
+
+def error_line(log: Path) -> str:
+    """What a failed CLI run said: its one-line `error: ...` (the launcher's traceback follows it), else the last
+    line of its log."""
+    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]
+
+
+def run_logged(command: list[str], log: Path, deadline: float, extra_env: dict[str, str] | None = None) -> None:
+    """`run_until`, and a RuntimeError with the end of the log when the command fails."""
+    code = run_until(command, log, deadline, extra_env)
+    if code != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
-        raise RuntimeError(f"train.py exited {done.returncode}: {' | '.join(tail)} (log: {log})")
+        raise RuntimeError(f"train.py exited {code}: {' | '.join(tail)} (log: {log})")
 
 
 def logged_losses(run_dir: Path) -> dict[int, dict]:
@@ -75,22 +109,25 @@ def logged_losses(run_dir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows if "loss" in row}
 
 
-def end_to_end_stage(root: Path, shapes: Shapes, deadline: float | None = None) -> dict:
-    """`deadline`: time.monotonic() by which both runs must be done (default: 20 minutes from now)."""
+def end_to_end_stage(root: Path, shapes: Shapes, deadline: float | None = None,
+                     prepared: tuple[Path, Path] | None = None) -> dict:
+    """`deadline`: time.monotonic() by which both runs must be done (default: 20 minutes from now); `prepared`:
+    `prepare()`'s folders when another stage made them already (they are only read)."""
     deadline = time.monotonic() + 1200 if deadline is None else deadline
-    model, tokens = prepare(root, shapes)
+    model, tokens = prepared or prepare(root, shapes)
     run_dir = root / "run"
-    command = train_command(shapes, model, tokens, run_dir, torch.cuda.is_available())
-    run_logged(command, root / "train.log", deadline)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    command, env = train_command(shapes, model, tokens, run_dir, device.type == "cuda"), cli_env(shapes, device)
+    run_logged(command, root / "train.log", deadline, env)
     first = logged_losses(run_dir)
     shutil.rmtree(run_dir / "checkpoints" / f"step-{STEPS}")
     shutil.rmtree(run_dir / "final")
-    run_logged([*command, "--resume", "auto"], root / "resume.log", deadline)
+    run_logged([*command, "--resume", "auto"], root / "resume.log", deadline, env)
     resumed = logged_losses(run_dir)
     resume_log = (root / "resume.log").read_text(encoding="utf-8", errors="replace")
     later = [row for step, row in sorted(first.items()) if step > LOG_EVERY]  # the first window holds start-up
     diffs = [abs(resumed[s]["loss"] - first[s]["loss"]) for s in first if s > STEPS - SAVE_EVERY and s in resumed]
-    return {"command": "accelerate launch " + " ".join(command[3:]),  # without `python -m accelerate...`
+    return {"command": "accelerate launch " + shlex.join(command[3:]),  # without `python -m accelerate...`
             "vocab_size": json.loads((model / "config.json").read_text())["vocab_size"],
             "tokens_per_s": median(r["tokens_per_s"] for r in later) if later else None,
             "mfu": median(r["mfu"] for r in later) if later and later[0].get("mfu") is not None else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from statistics import median
@@ -17,6 +18,19 @@ from codeparrot.training.reporting import memory_gib
 
 MFU_CONVENTION = ("PaLM appendix B: 6N + 12·L·H·Q·T FLOPs per token, N = all weights but the position "
                   "embeddings (tied LM head counted once), against the dense bf16 peak of one device")
+
+
+def step_dtype(device: torch.device) -> torch.dtype:
+    """The dtype every training step here runs its matmuls in: bf16 on a GPU, fp32 on a CPU (--smoke), whose
+    bf16 matmuls may be emulated so slowly that measuring their peak alone takes minutes."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+@functools.lru_cache(maxsize=None)
+def device_peak(device: torch.device) -> tuple[float | None, str]:
+    """(peak FLOP/s, its source) at `step_dtype`, once per process: on a CPU every `peak_flops` call measures
+    again while the machine looks busy (2-3 s of CPU each, and the suite keeps the machine busy)."""
+    return peak_flops(device, step_dtype(device))
 
 
 def sync(device: torch.device) -> None:
@@ -58,10 +72,8 @@ def device_stage(device: torch.device, shapes: Shapes) -> dict:
     import accelerate
     import transformers
 
-    # the dtype the training-step stage runs in: bf16 on a GPU, fp32 on a CPU (--smoke), whose bf16 matmuls may be
-    # emulated so slowly that measuring their peak alone takes minutes
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    peak, source = peak_flops(device, dtype)
+    dtype = step_dtype(device)
+    peak, source = device_peak(device)
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "accelerate": accelerate.__version__,
             "device": str(device), "peak_dtype": str(dtype).removeprefix("torch."),

@@ -48,6 +48,10 @@ def markdown(results: dict) -> str:
     dev = stage.get("device", {}).get("result")
     if dev:
         lines += ["## Device", "", *[f"- {k}: {_fmt(v, 3) if isinstance(v, float) else v}" for k, v in dev.items()], ""]
+    lines += _headline(stage.get("headline", {}).get("result"))
+    lines += _profile(stage.get("profile", {}).get("result"))
+    lines += _large_model(stage.get("model_1_5b", {}).get("result"))
+    lines += _jax(stage.get("jax", {}).get("result"))
     ceil = stage.get("ceilings", {}).get("result")
     if ceil:
         lines += ["## Ceilings", "", f"- bf16 GEMM {ceil['gemm_size']}³: {_fmt(ceil['gemm_bf16_tflops'])} TFLOP/s",
@@ -75,12 +79,6 @@ def markdown(results: dict) -> str:
                                             str(r["graph_breaks"]), str(r["recompiles_while_timed"])])
                                           if "tokens_per_s" in r else [r.get("error", r.get("skipped", ""))] + [""] * 6)]
                          for r in steps]) + [""]
-    prof = stage.get("profile", {}).get("result")
-    if prof:
-        lines += [f"## Profile: {prof['variant']} ({prof['time_kind']} time, {_fmt(prof['ms_per_step'])} ms/step)", ""]
-        lines += _table(["kernel class", "ms/step", "share"],
-                        [[c["class"], _fmt(c["ms_per_step"], 2), _fmt(c["share"], 1, percent=True)]
-                         for c in prof["classes"]]) + [""]
     e2e = stage.get("end_to_end", {}).get("result")
     if e2e:
         lines += ["## End to end (scripts/train.py, 30 steps, then --resume auto from step 20)", "",
@@ -88,4 +86,94 @@ def markdown(results: dict) -> str:
     for name, entry in stage.items():
         if "error" in entry:
             lines += [f"**{name}: failed** — {entry['error']}", ""]
+        elif "skipped" in entry:
+            lines += [f"**{name}: {entry['skipped']}**", ""]
     return "\n".join(lines)
+
+
+def _row_figures(r: dict, keys: list[tuple[str, int, bool]]) -> list[str]:
+    """The figures of a table row, or its error / skip reason in the first cell and blanks after."""
+    if "tokens_per_s" not in r:
+        return [r.get("error", r.get("skipped", r.get("not_measured", "")))] + [""] * (len(keys) - 1)
+    return [_fmt(r.get(key), digits, percent=pct) for key, digits, pct in keys]
+
+
+def _headline(rows: list[dict] | None) -> list[str]:
+    if not rows:
+        return []
+    first = rows[0]
+    lines = [f"## Headline: the training CLI at global batch {first.get('global_batch')} × "
+             f"{first.get('seq_length')} tokens, one process", "",
+             f"`{first.get('command', '')}` ({first.get('steps')} steps, logged every 2; the CLI's own summary: "
+             "the median of the log windows after the warm-up one; wall s includes start-up, compilation, the auto "
+             "probe and the final save). MFU: PaLM convention (see Device).", ""]
+    table = []
+    for r in rows:
+        batch = (f"{r['micro_batch']} × {r['accumulation']}" if r.get("micro_batch") else "n/a")
+        table.append([r["row"], batch, *_row_figures(r, [("tokens_per_s", 0, False), ("mfu", 1, True),
+                                                          ("peak_memory_gib", 2, False), ("wall_s", 0, False)])])
+    return lines + _table(["row", "micro-batch × accumulation", "tokens/s", "MFU", "peak memory GiB", "wall s"],
+                          table) + [""]
+
+
+def _profile(prof: dict | None) -> list[str]:
+    if not prof:
+        return []
+    lines = [f"## Profile: {prof['variant']} ({prof['time_kind']} time, {_fmt(prof['ms_per_step'])} ms/step)", "",
+             f"Timed without the profiler: {_fmt(prof.get('tokens_per_s'), 0)} tokens/s, MFU "
+             f"{_fmt(prof.get('mfu'), 1, percent=True)}.", ""]
+    lines += _table(["kernel class", "ms/step", "share"],
+                    [[c["class"], _fmt(c["ms_per_step"], 2), _fmt(c["share"], 1, percent=True)]
+                     for c in prof["classes"]]) + [""]
+    top = prof.get("top_kernels") or []
+    if top:
+        lines += [f"Top {len(top)} of {prof.get('kernels_seen', len(top))} kernels (shares of all {prof['time_kind']} "
+                  "time; names shortened, in full in gpu_check.json):", ""]
+        lines += _table(["kernel", "class", "calls/step", "ms/step", "share"],
+                        [[f"`{k['kernel']}`", k["class"], _fmt(k["calls_per_step"], 0), _fmt(k["ms_per_step"], 3),
+                          _fmt(k["share"], 1, percent=True)] for k in top]) + [""]
+    return lines
+
+
+def _large_model(res: dict | None) -> list[str]:
+    if not res:
+        return []
+    lines = [f"## 1.5B preset ({res['preset']}, {res['n_layer']} layers, {res['parameters'] / 1e6:,.1f}M parameters, "
+             f"sequences of {res['seq_length']})", "",
+             f"Largest micro-batch that fits ({res['search']}; two eager steps each, out of memory caught):", ""]
+    lines += _table(["micro-batch", "activation checkpointing", "fits", "peak memory GiB (2nd step)", "s"],
+                    [[str(t["micro_batch"]), _fmt(t["activation_checkpointing"]), _fmt(t["fits"]),
+                      _fmt(t.get("peak_memory_gib"), 2), _fmt(t["seconds"])] for t in res["trials"]]) + [""]
+    m = res.get("measured")
+    if m:
+        lines += [f"- measured at micro-batch {m['micro_batch']} (compile: {m['compile']}, activation checkpointing: "
+                  f"{_fmt(res['activation_checkpointing'])}): {_fmt(m['tokens_per_s'], 0)} tokens/s, MFU "
+                  f"{_fmt(m['mfu'], 1, percent=True)}, {_fmt(m['ms_per_step'])} ms/step, peak memory "
+                  f"{_fmt(m['peak_memory_gib'], 2)} GiB, warm-up {_fmt(m['warmup_s'])} s, graph breaks "
+                  f"{m['graph_breaks']}, recompiles while timed {m['recompiles_while_timed']}"]
+    for key in ("not_measured", "note"):
+        if res.get(key):
+            lines += [f"- {key.replace('_', ' ')}: {res[key]}"]
+    lines += [f"- {e}" for e in res.get("measure_errors", [])]
+    return lines + [""]
+
+
+def _jax(res: dict | None) -> list[str]:
+    if not res:
+        return []
+    ref = res.get("torch", {})
+    lines = ["## JAX peer: the same model and step in plain JAX, same device and batch", "",
+             f"jax {res.get('jax', '?')} on {res.get('device', '?')} ({res.get('backend', '?')}), {res.get('python')}. "
+             f"This project: {_fmt(ref.get('tokens_per_s'), 0)} tokens/s ({ref.get('source', 'n/a')}).", ""]
+    table = []
+    for r in res.get("rows", []):
+        figures = _row_figures(r, [("tokens_per_s", 0, False), ("mfu", 1, True), ("ms_per_step", 1, False),
+                                   ("compile_s", 1, False), ("peak_memory_gib", 2, False),
+                                   ("torch_over_jax", 2, False)])
+        loss = f"{r['first_loss']:.3f} → {r['last_loss']:.3f}" if "last_loss" in r else ""
+        table.append([r["variant"], *figures[:5], loss, figures[5]])
+    lines += _table(["variant", "tokens/s", "MFU", "ms/step", "first step s (compile)", "peak memory GiB",
+                     "loss first → last", "this project ÷ JAX"], table) + [""]
+    if res.get("stopped"):
+        lines += [f"- stopped: {res['stopped']}", ""]
+    return lines

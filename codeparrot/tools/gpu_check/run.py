@@ -1,70 +1,158 @@
-"""Run the chosen stages in order, each within its time budget, saving after every stage."""
+"""Run the chosen stages in order within the call's time budget (`--minutes`), saving after every stage.
+
+The budget: a stage starts only while more than its floor (config.STAGE_FLOOR_S: the least time it needs to
+give any figure; none in `--smoke`) is left; otherwise it is recorded as "skipped: time budget spent", never
+estimated, and an earlier call's figures for it are kept. A stage that starts gets the rest of the budget (at
+most `--stage-minutes`) as its deadline: the training CLI runs and the JAX process are killed there, and the
+stages that loop (training-step variants, the 1.5B search) start nothing new after it.
+"""
 
 from __future__ import annotations
 
+import gc
 import shlex
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
-from codeparrot.tools.gpu_check.config import GpuCheckConfig, shapes_for
-from codeparrot.tools.gpu_check.end_to_end import end_to_end_stage
+from codeparrot.tools.gpu_check.config import GpuCheckConfig, Shapes, shapes_for
+from codeparrot.tools.gpu_check.end_to_end import end_to_end_stage, prepare
+from codeparrot.tools.gpu_check.headline import headline_stage
+from codeparrot.tools.gpu_check.jax_stage import jax_stage
+from codeparrot.tools.gpu_check.kernel_profile import profile_stage
 from codeparrot.tools.gpu_check.kernels import attention_stage, ceilings_stage, device_stage, loss_stage, short_error
+from codeparrot.tools.gpu_check.large_model import large_model_stage
 from codeparrot.tools.gpu_check.report import load_results, save_results
-from codeparrot.tools.gpu_check.train_steps import measure_variant, profile_stage, variants_for
+from codeparrot.tools.gpu_check.train_steps import measure_variant, variants_for
+
+SKIPPED = "skipped: time budget spent"
+
+
+@dataclass
+class Context:
+    """What the stages of one call share: the device, the shapes, the results so far, a scratch folder, and
+    the tokenizer + model + tokens that the CLI stages train on (made once, by the first that needs them)."""
+
+    cfg: GpuCheckConfig
+    shapes: Shapes
+    preset: Any  # the model preset's ModelConfig
+    device: torch.device
+    results: dict
+    scratch: Path
+    _prepared: tuple[Path, Path] | None = field(default=None, repr=False)
+
+    def prepared(self) -> tuple[Path, Path]:
+        if self._prepared is None:
+            self._prepared = prepare(self.scratch / "data", self.shapes)
+        return self._prepared
+
+
+def train_step_stage(ctx: Context, deadline: float) -> list[dict]:
+    rows = []
+    for variant in variants_for(ctx.cfg, ctx.shapes):
+        if time.monotonic() >= deadline:
+            rows.append({"variant": variant.name, "skipped": "not run: stage time budget spent"})
+            continue
+        rows.append(measure_variant(variant, ctx.shapes, ctx.device, ctx.cfg))
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def stage_functions(ctx: Context) -> dict[str, Callable[[float], Any]]:
+    """{stage: run(deadline) -> its result}; a result that is only {"skipped": reason} marks the stage skipped."""
+    dev, shapes, cfg, preset = ctx.device, ctx.shapes, ctx.cfg, ctx.preset
+    cuda = dev.type == "cuda"
+    return {
+        "device": lambda deadline: device_stage(dev, shapes),
+        "headline": lambda deadline: headline_stage(ctx.scratch, shapes, ctx.prepared(), cuda, deadline),
+        "profile": lambda deadline: profile_stage(shapes, dev, cfg),
+        "model_1_5b": lambda deadline: large_model_stage(shapes, dev, cfg, deadline),
+        "jax": lambda deadline: jax_stage(ctx.results, shapes, preset, dev, cfg, deadline),
+        "ceilings": lambda deadline: ceilings_stage(dev, shapes),
+        "attention": lambda deadline: attention_stage(dev, shapes, preset.n_head, preset.n_embd // preset.n_head),
+        "loss": lambda deadline: loss_stage(dev, shapes, preset.n_embd),
+        "train_step": lambda deadline: train_step_stage(ctx, deadline),
+        "end_to_end": lambda deadline: end_to_end_stage(ctx.scratch, shapes, deadline, ctx.prepared()),
+    }
+
+
+def release(device: torch.device) -> None:
+    """What a stage left behind, freed before the next: its models (an Accelerator holds them in reference
+    cycles), dynamo's compiled graphs, and the blocks torch's allocator caches (the 1.5B stage leaves tens of GiB
+    there, which the training CLI's process and JAX's would otherwise not get)."""
+    gc.collect()
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def skip(results: dict, stage: str, reason: str, date: str) -> None:
+    """Record `stage` as skipped, unless an earlier call measured it: its figures stay (a budget-cut call never
+    erases what a longer one found)."""
+    earlier = results["stages"].get(stage, {})
+    if "result" in earlier:
+        print(f"gpu_check: {stage} {reason}; the figures of {earlier.get('date', 'an earlier call')} are kept",
+              file=sys.stderr)
+        return
+    results["stages"][stage] = {"skipped": reason, "seconds": 0.0, "date": date}
 
 
 def run_gpu_check(cfg: GpuCheckConfig) -> dict:
     """Returns the merged results; a stage that fails is recorded with its error and the next one runs."""
     cfg.validate()
+    run_deadline = time.monotonic() + 60 * cfg.minutes
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
+        from codeparrot.training.fast_path import configure_cuda_allocator
+
+        configure_cuda_allocator()  # as train() does, before the first CUDA allocation
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as train() does
     elif not cfg.smoke:
         print("warning: no CUDA device: the full check on a CPU takes hours; use --smoke to check the tool",
               file=sys.stderr)
     shapes = shapes_for(cfg)
+    if device.type == "cpu" and shapes.cpu_threads:
+        torch.set_num_threads(shapes.cpu_threads)
     from codeparrot.repository.model import load_model_config
 
-    preset = load_model_config(str(shapes.model_preset))
     out = Path(cfg.output_dir)
     results = load_results(out)
+    date = time.strftime("%Y-%m-%d %H:%M:%S")
     results["run"] = {"command": "python scripts/gpu_check.py " + shlex.join(sys.argv[1:]), "smoke": cfg.smoke,
-                      "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+                      "date": date, "minutes": cfg.minutes}
     results.setdefault("stages", {})
-    for stage in cfg.stages:
-        start = time.perf_counter()
-        print(f"gpu_check: {stage} ...", file=sys.stderr, flush=True)
-        try:
-            if stage == "device":
-                result = device_stage(device, shapes)
-            elif stage == "ceilings":
-                result = ceilings_stage(device, shapes)
-            elif stage == "attention":
-                result = attention_stage(device, shapes, preset.n_head, preset.n_embd // preset.n_head)
-            elif stage == "loss":
-                result = loss_stage(device, shapes, preset.n_embd)
-            elif stage == "train_step":
-                result = []
-                for variant in variants_for(cfg, shapes):
-                    if time.perf_counter() - start > 60 * cfg.stage_minutes:
-                        result.append({"variant": variant.name, "skipped": "not run: stage time budget spent"})
-                        continue
-                    result.append(measure_variant(variant, shapes, device, cfg))
-                    print(f"  {result[-1]}", file=sys.stderr, flush=True)
-            elif stage == "profile":
-                result = profile_stage(shapes, device, cfg)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
+        ctx = Context(cfg, shapes, load_model_config(str(shapes.model_preset)), device, results, Path(scratch))
+        functions = stage_functions(ctx)
+        for stage in cfg.stages:
+            now = time.monotonic()
+            left, floor = run_deadline - now, cfg.floor_seconds(stage)
+            if left <= max(floor, 0.0):
+                skip(results, stage, SKIPPED + (f" ({max(left, 0):.0f} s left of --minutes {cfg.minutes:g}; the stage "
+                                                 f"needs at least {floor:.0f} s)" if floor else ""), date)
+                save_results(out, results)
+                print(f"gpu_check: {stage} {SKIPPED}", file=sys.stderr, flush=True)
+                continue
+            print(f"gpu_check: {stage} ... ({left:.0f} s of the budget left)", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            try:
+                result = functions[stage](min(run_deadline, now + 60 * cfg.stage_minutes))
+                entry = {"skipped": result["skipped"]} if isinstance(result, dict) and set(result) == {"skipped"} \
+                    else {"result": result}
+            except Exception as err:  # noqa: BLE001 - one stage's failure must not lose the others' figures
+                entry = {"error": short_error(err)}
+            entry.update(seconds=time.perf_counter() - start, date=date)
+            if "skipped" in entry:
+                skip(results, stage, entry["skipped"], date)
             else:
-                with tempfile.TemporaryDirectory(prefix="gpu_check_e2e_") as tmp:
-                    deadline = time.monotonic() + 60 * cfg.stage_minutes - (time.perf_counter() - start)
-                    result = end_to_end_stage(Path(tmp), shapes, deadline)
-            results["stages"][stage] = {"result": result, "seconds": time.perf_counter() - start}
-        except Exception as err:  # noqa: BLE001 - one stage's failure must not lose the others' figures
-            results["stages"][stage] = {"error": short_error(err), "seconds": time.perf_counter() - start}
-        save_results(out, results)
-        print(f"gpu_check: {stage} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+                results["stages"][stage] = entry
+            save_results(out, results)
+            release(device)
+            print(f"gpu_check: {stage} done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     print(f"results: {out / 'gpu_check.json'} and {out / 'gpu_check.md'}", file=sys.stderr)
     return results

@@ -1,4 +1,4 @@
-"""Stages `train_step` and `profile`: the recipe's optimizer step on synthetic token ids, variant by variant.
+"""Stage `train_step`: the recipe's optimizer step on synthetic token ids, variant by variant.
 
 Each variant builds a fresh model from the preset (vocabulary `Shapes.vocab_size`), prepares it with Accelerate
 exactly as `train()` does (bf16 mixed precision on CUDA, the recipe's AdamW, clipping at 1.0, regional or
@@ -8,7 +8,6 @@ whole-model compilation through Accelerate's TorchDynamoPlugin) and times `steps
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, replace
 from statistics import median
@@ -17,11 +16,17 @@ import torch
 
 from codeparrot.repository.model import build_model, gpt2_config, load_model_config
 from codeparrot.tools.gpu_check.config import GpuCheckConfig, Shapes
-from codeparrot.tools.gpu_check.kernels import peak_memory_gib, reset_peak_memory, short_error, sync
+from codeparrot.tools.gpu_check.kernels import (
+    device_peak,
+    peak_memory_gib,
+    reset_peak_memory,
+    short_error,
+    sync,
+)
 from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
 from codeparrot.training.config import OptimConfig
 from codeparrot.training.loss import forward_loss, fused_head_weight
-from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
+from codeparrot.training.mfu import mfu, model_flops_per_token
 from codeparrot.training.optim import build_optimizer
 from codeparrot.training.regional_compile import compile_blocks
 
@@ -132,7 +137,7 @@ def measure_variant(variant: StepVariant, shapes: Shapes, device: torch.device, 
             times.append(time.perf_counter() - t0)
         step_s = median(times)
         tokens_per_s = runner.tokens_per_step / step_s
-        peak, _ = peak_flops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        peak, _ = device_peak(device)
         breaks_after, graphs_after = dynamo_counts()
         row.update(ms_per_step=1000 * step_s, tokens_per_s=tokens_per_s,
                    mfu=mfu(tokens_per_s, runner.flops_per_token, peak), peak_memory_gib=peak_memory_gib(device),
@@ -143,55 +148,3 @@ def measure_variant(variant: StepVariant, shapes: Shapes, device: torch.device, 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return row
-
-
-# ---------------------------------------------------------------------------------------------- profile
-KERNEL_CLASSES = [  # first match wins; matched against lower-cased kernel / operator names
-    ("attention", r"flash|fmha|attention|sdpa|cudnn.*(attn|mha)"),
-    ("matmul (GEMM)", r"gemm|cutlass|xmma|matmul|\bmm\b|addmm|bmm|sm90|sm80|nvjet|cublas|aten::mm|aten::linear"),
-    ("optimizer", r"multi_tensor|adam|foreach"),
-    ("fused by inductor (triton)", r"^triton_|triton"),
-    ("reduction / softmax / norm", r"reduce|softmax|norm|sum|amax|max_|logsumexp"),
-    ("memory copy / fill", r"memcpy|memset|copy|fill|cat|clone|contiguous"),
-    ("elementwise", r"elementwise|vectorized|unrolled|gelu|dropout|add|mul|exp|where|tanh|pow"),
-]
-
-
-def kernel_class(name: str) -> str:
-    lowered = name.lower()
-    for label, pattern in KERNEL_CLASSES:
-        if re.search(pattern, lowered):
-            return label
-    return "other"
-
-
-def profile_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig) -> dict:
-    """Kernel time by class over a few steps of the default variant (device time on CUDA, CPU op self time
-    elsewhere)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    variant = variants_for(replace(cfg, variants=[]), shapes)[0]
-    runner = StepRunner(variant, shapes, device)
-    for _ in range(max(cfg.warmup_steps, 1)):
-        runner.step()
-    sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    steps = 3
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            runner.step()
-        sync(device)
-    by_class: dict[str, float] = {}
-    for event in prof.key_averages():
-        if device.type == "cuda":
-            if event.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            us = event.self_device_time_total
-        else:
-            us = event.self_cpu_time_total
-        by_class[kernel_class(event.key)] = by_class.get(kernel_class(event.key), 0.0) + us
-    total = sum(by_class.values()) or 1.0
-    return {"variant": variant.name, "steps": steps, "time_kind": "device" if device.type == "cuda" else "cpu op self",
-            "ms_per_step": total / 1000 / steps,
-            "classes": [{"class": k, "ms_per_step": v / 1000 / steps, "share": v / total}
-                        for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])]}

@@ -5,6 +5,7 @@ of one global stream of epochs, so every file is read once per epoch whatever th
 
     records --(file shuffle buffer)--> texts until ~seq_length × chars_per_token × num_of_sequences characters
       --one batched tokenizer call--> t1 EOS t2 EOS ... tn EOS, appended to the carried tail of the last buffer
+        (with `fim_rate` > 0, some ti are rearranged for fill-in-the-middle first: codeparrot/fim/transform.py)
       --cut--> floor(len / seq_length) chunks [seq_length] + a new tail (< seq_length tokens, carried, not dropped)
       --(sequence shuffle buffer)--> int64 tensors [seq_length]
 
@@ -13,6 +14,8 @@ re-tokenizing consumed data: the record cursor, the carried tail, the current bu
 of it were used, both shuffle buffers, the RNG state (numpy PCG64: four integers) and the epoch. Size: the current
 buffer dominates, 2 bytes/token for vocabularies ≤ 65,536 (≈ 2 MiB at CodeParrot's 1024 × 1024), plus
 seq_length × 2 bytes per sequence in the sequence shuffle buffer and the texts held in the file shuffle buffer.
+With FIM on, the position also names the FIM rates (a resume must keep them): the transform itself has no state,
+each document's draws being a function of (seed, epoch, text).
 Token arrays are stored as torch tensors that are never mutated, so a torchdata StatefulDataLoader snapshot after
 every batch only ships what changed (a few integers) except right after a refill.
 """
@@ -27,8 +30,11 @@ import torch
 
 from codeparrot.data.records import resolve_data_files
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.encoding import plain_text_encoder
+from codeparrot.fim.transform import FimTransform
 from codeparrot.training.datasets.record_streams import HubRecordStream, LocalRecordStream, check_has_records
-from codeparrot.training.datasets.resumable import Reader, ResumableIterableDataset, check_state_matches
+from codeparrot.training.datasets.resumable import (Reader, ResumableIterableDataset, check_fim_matches,
+                                                    check_state_matches)
 
 STATE_VERSION = 2  # 2: records dealt by a global count across epochs (record_streams docstring)
 EOS_TOKEN = "<|endoftext|>"
@@ -56,14 +62,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _batch_ids(tokenizer, texts: list[str]) -> list[list[int]]:
-    """One batched call. The `tokenizers` backend is called directly (no attention masks, no length warnings)
-    when it has no truncation/padding configured, which gives exactly `tokenizer(texts)["input_ids"]`."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None and hasattr(tokenizer, "encode_batch_fast"):
-        backend = tokenizer  # a raw tokenizers.Tokenizer
-    if backend is not None and backend.truncation is None and backend.padding is None:
-        return [enc.ids for enc in backend.encode_batch_fast(texts, add_special_tokens=False)]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    """One batched call (the `tokenizers` backend directly where it can: no attention masks, no length warnings),
+    with special-token strings in the text encoded as plain text (`codeparrot.fim.encoding`): only the EOS joins
+    (and the FIM transform) put special ids into the stream."""
+    return plain_text_encoder(tokenizer).batch(texts)
 
 
 def encode_with_eos(tokenizer, texts: list[str], eos_id: int, dtype: np.dtype) -> np.ndarray:
@@ -87,6 +89,8 @@ class ConstantLengthDataset(ResumableIterableDataset):
     `infinite`: restart at the end and count `epoch`. `shuffle_buffer`: records held for file-level shuffling
     (also shuffles the shard order per epoch); `sequence_shuffle_buffer`: sequences held for sequence-level
     shuffling; 0 disables either. Both are seeded by `seed` and the reader.
+    `fim_rate`, `fim_spm_rate`: fill-in-the-middle (codeparrot/fim/transform.py; needs a tokenizer with the FIM
+    tokens); 0 = off, exactly the left-to-right stream.
     """
 
     STATE_KIND, STATE_VERSION = "constant_length", STATE_VERSION
@@ -94,7 +98,8 @@ class ConstantLengthDataset(ResumableIterableDataset):
     def __init__(self, tokenizer, data_files: str | list[str] | None = None, seq_length: int = 1024,
                  num_of_sequences: int = 1024, chars_per_token: float = 3.6, text_column: str = "content",
                  infinite: bool = False, seed: int = 0, shuffle_buffer: int = 0, sequence_shuffle_buffer: int = 0,
-                 rank: int = 0, world_size: int = 1, hub_dataset: str | None = None, split: str = "train"):
+                 rank: int = 0, world_size: int = 1, hub_dataset: str | None = None, split: str = "train",
+                 fim_rate: float = 0.0, fim_spm_rate: float = 0.5):
         for name, value in (("seq_length", seq_length), ("num_of_sequences", num_of_sequences),
                             ("chars_per_token", chars_per_token)):
             if not value > 0:
@@ -110,6 +115,7 @@ class ConstantLengthDataset(ResumableIterableDataset):
         self.text_column, self.infinite, self.seed = text_column, infinite, int(seed)
         self.shuffle_buffer, self.sequence_shuffle_buffer = int(shuffle_buffer), int(sequence_shuffle_buffer)
         self.hub_dataset, self.split = hub_dataset, split
+        self.fim = FimTransform.for_tokenizer(tokenizer, fim_rate, fim_spm_rate, self.seed)
         if hub_dataset is None:
             if data_files is None:
                 raise CodeParrotError("ConstantLengthDataset needs data_files or hub_dataset")
@@ -200,7 +206,10 @@ class _ConstantLengthIterator:
                 continue
             texts.append(text)
             chars += len(text)
-        tokens = encode_with_eos(self.ds.tokenizer, texts, self.ds.eos_id, self.ds.dtype)
+        if self.ds.fim is None:
+            tokens = encode_with_eos(self.ds.tokenizer, texts, self.ds.eos_id, self.ds.dtype)
+        else:  # every text of one refill belongs to this epoch (the loop above ends a buffer at an epoch's end)
+            tokens = self.ds.fim.encode_with_eos(self.ds.tokenizer, texts, self.epoch, self.ds.eos_id, self.ds.dtype)
         if len(self.tail):
             tokens = np.concatenate([self.tail, tokens])
         L = self.ds.seq_length
@@ -257,6 +266,7 @@ class _ConstantLengthIterator:
             "pending": torch.from_numpy(self.pending),  # never mutated: snapshots share it
             "pending_pos": self.pending_pos,
             "seq_buffer": torch.from_numpy(self.seq_buffer[: self.seq_fill].copy()),
+            **(self.ds.fim.describe() if self.ds.fim is not None else {}),  # absent with FIM off: as before
         }
 
     def _load(self, state: dict) -> None:
@@ -264,6 +274,7 @@ class _ConstantLengthIterator:
         expected = {"reader_id": self.reader_id, "n_readers": self.n_readers, "seq_length": ds.seq_length,
                     "source": ds.label if ds.hub_dataset else len(ds.files)}
         check_state_matches(state, expected, "data, seq_length")
+        check_fim_matches(state, ds.fim)
         if len(state["seq_buffer"]) > ds.sequence_shuffle_buffer:
             raise CodeParrotError(f"data state holds {len(state['seq_buffer'])} shuffled sequences but "
                                   f"sequence_shuffle_buffer is {ds.sequence_shuffle_buffer}")

@@ -38,17 +38,21 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size: int = 1, infinite: bool = False,
                   seed: int = 0, shuffle: bool = True, num_of_sequences: int = 1024, chars_per_token: float = 3.6,
                   text_column: str = "content", shuffle_buffer: int = 0, sequence_shuffle_buffer: int = 0,
-                  hub_dataset: str | None = None, split: str = "train") -> torch.utils.data.IterableDataset:
+                  hub_dataset: str | None = None, split: str = "train", fim_rate: float = 0.0,
+                  fim_spm_rate: float = 0.5) -> torch.utils.data.IterableDataset:
     """The training/validation dataset for `data`:
     - a pretokenized folder (`scripts/pretokenize.py`) -> `PretokenizedDataset`, after checking it was made with
-      `tokenizer` (one-line error otherwise); `shuffle` = a seeded permutation of sequences per epoch;
+      `tokenizer` (one-line error otherwise); `shuffle` = a seeded permutation of sequences per epoch (with FIM,
+      of windows, and the `sequence_shuffle_buffer` too: rearranged whole files are packed in order);
     - JSON/JSONL(.gz) shards (file, folder, glob or list) -> `ConstantLengthDataset`; `shuffle` enables its
       file-level (`shuffle_buffer` records) and sequence-level (`sequence_shuffle_buffer`) shuffle buffers;
     - a Hub dataset id (`user/name`, not a local path; or `hub_dataset=`) -> `ConstantLengthDataset` streaming it;
     - a dataset repository (`--push` of preprocess/pretokenize: a local git repository, a clone of one or
       `hf://datasets/OWNER/NAME`, optionally `@REVISION`) -> its `split` folder, read as one of the above.
     Use `infinite=True, shuffle=True` for training and `infinite=False, shuffle=False` for validation (a finite
-    stream where every sequence belongs to exactly one rank; ranks may differ by a few sequences)."""
+    stream where every sequence belongs to exactly one rank; ranks may differ by a few sequences).
+    `fim_rate` > 0 turns on fill-in-the-middle in either dataset (codeparrot/fim/transform.py; `fim_spm_rate` of
+    those in SPM order); it needs a tokenizer with the FIM tokens (a one-line error otherwise)."""
     if seq_length <= 0:
         raise CodeParrotError(f"seq_length must be > 0, got {seq_length}")
     if hub_dataset is None and isinstance(data, (str, os.PathLike)):
@@ -56,7 +60,9 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
         if is_pretokenized(data):
             validate_against_tokenizer(data, tokenizer)
             return PretokenizedDataset(data, seq_length, infinite=infinite, seed=seed, shuffle=shuffle, rank=rank,
-                                       world_size=world_size)
+                                       world_size=world_size, tokenizer=tokenizer, fim_rate=fim_rate,
+                                       fim_spm_rate=fim_spm_rate,
+                                       sequence_shuffle_buffer=sequence_shuffle_buffer if shuffle else 0)
         text = os.fspath(data)
         if not os.path.exists(text) and not glob.has_magic(text):
             if not _HUB_ID.match(text):
@@ -68,7 +74,7 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
         tokenizer, data, seq_length=seq_length, num_of_sequences=num_of_sequences, chars_per_token=chars_per_token,
         text_column=text_column, infinite=infinite, seed=seed, shuffle_buffer=shuffle_buffer,
         sequence_shuffle_buffer=sequence_shuffle_buffer, rank=rank, world_size=world_size, hub_dataset=hub_dataset,
-        split=split)
+        split=split, fim_rate=fim_rate, fim_spm_rate=fim_spm_rate)
 
 
 def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int, num_workers: int = 0,
@@ -80,12 +86,15 @@ def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int,
 
     `snapshot_every_n_steps`: how often workers send their dataset position; a resume replays the batches since
     the last snapshot, so it stays exact either way. Default: every batch for pretokenized data (a few integers),
-    every 32 for the streaming dataset when it has shuffle buffers (its state then carries the buffers, MBs)."""
+    every 32 for a dataset with a sequence (or file) shuffle buffer: the streaming dataset, or pretokenized data
+    with FIM (its state then carries the buffers, MBs)."""
     if batch_size <= 0 or num_workers < 0:
         raise CodeParrotError(f"batch_size must be > 0 and num_workers >= 0, got {batch_size} and {num_workers}")
     if snapshot_every_n_steps is None:
-        buffered = isinstance(dataset, ConstantLengthDataset) and (
-            dataset.shuffle_buffer > 0 or dataset.sequence_shuffle_buffer > 0)
+        if isinstance(dataset, ConstantLengthDataset):
+            buffered = dataset.shuffle_buffer > 0 or dataset.sequence_shuffle_buffer > 0
+        else:
+            buffered = getattr(dataset, "fim", None) is not None and dataset.sequence_shuffle_buffer > 0
         snapshot_every_n_steps = 32 if buffered else 1
     extra = {"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor else {}
     with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated (harmless) in torch 2.13

@@ -4,7 +4,10 @@ On disk (`output_dir/`):
     tokens.bin   every record's tokens followed by EOS, records in file order: uint16 when the vocabulary fits
                  in 16 bits (ids < 65,536), else uint32; raw little-endian, no header
     index.json   format/version, dtype, n_tokens, n_records, per-file counts, eos id, vocab size, tokenizer
-                 fingerprint (sha256 of its token->id map), text column
+                 fingerprint (sha256 of its token->id map), text column, and `literal_special_tokens: "text"`:
+                 special-token strings inside files (`<|endoftext|>`, `<fim_middle>`) were encoded as plain text
+                 (codeparrot/fim/encoding.py), so the only special id in the file is the EOS after each record
+                 (folders written before that have no such key: FIM training refuses them)
 
 Writing (`pretokenize`): the parent reads and parses records and hands batches of texts to `num_workers`
 processes (one batched tokenizer call each), and appends the returned arrays in order, so the output does not
@@ -17,6 +20,10 @@ Reading (`PretokenizedDataset`): sequence i = tokens[i*L : (i+1)*L] for i < n_to
 permutation of the sequence indices seeded by (seed, epoch); rank r takes positions r::world_size of it and
 DataLoader worker w of that rank every workers-th of those, so each sequence belongs to exactly one reader. The
 position is (epoch, count consumed): O(1) to save and to restore.
+
+With fill-in-the-middle on (`fim_rate` > 0) the sequences are no longer fixed slices: the reader takes its
+windows in the same order, reads every document that starts in each (whole, past the window's end if it
+runs on), rearranges some of them and packs them into sequences (`pretokenized_fim.py`).
 """
 
 from __future__ import annotations
@@ -38,12 +45,14 @@ from tqdm.auto import tqdm
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.data.records import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.transform import FimTransform, check_rates
 from codeparrot.repository.datasets import open_dataset_repository, publish_pretokenized
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.config import PretokenizeConfig
 from codeparrot.training.datasets.constant_length import encode_with_eos, eos_token_id, token_dtype, vocab_size_of
 from codeparrot.training.datasets.record_streams import check_has_records, parse_record
-from codeparrot.training.datasets.resumable import Reader, ResumableIterableDataset, check_state_matches
+from codeparrot.training.datasets.resumable import (Reader, ResumableIterableDataset, check_fim_matches,
+                                                    check_state_matches)
 from codeparrot.worker_pool import start_pool
 
 INDEX_NAME = "index.json"
@@ -51,6 +60,8 @@ TOKENS_NAME = "tokens.bin"
 FORMAT = "codeparrot-pretokenized"
 VERSION = 1
 PROGRESS_NAME = "progress.json"
+# How special-token strings inside the text were encoded (index key `literal_special_tokens`; absent: by id).
+SPECIALS_AS_TEXT = "text"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -123,6 +134,7 @@ def _batches(files: list[str], text_column: str, batch_size: int, start_file: in
 def _job_signature(files: list[str], fingerprint: str, dtype: np.dtype, text_column: str) -> dict:
     stats = [os.stat(p) for p in files]
     return {"fingerprint": fingerprint, "dtype": dtype.name, "text_column": text_column,
+            "literal_special_tokens": SPECIALS_AS_TEXT,  # a folder encoded the old way is redone
             "files": [[os.path.abspath(p), s.st_size, s.st_mtime_ns] for p, s in zip(files, stats)]}
 
 
@@ -211,7 +223,8 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
     index = {"format": FORMAT, "version": VERSION, "tokens_file": TOKENS_NAME, "dtype": dtype.name,
              "n_tokens": state["n_tokens"], "n_records": sum(f["n_records"] for f in per_file),
              "eos_token_id": eos_id, "vocab_size": vocab_size, "tokenizer_fingerprint": fingerprint,
-             "text_column": text_column, "files": per_file, "seconds": round(seconds, 3),
+             "text_column": text_column, "literal_special_tokens": SPECIALS_AS_TEXT, "files": per_file,
+             "seconds": round(seconds, 3),
              "tokens_per_second": round(state["n_tokens"] / max(seconds, 1e-9)), "job": signature}
     with atomic_dir(output_dir) as tmp:
         os.rename(tokens_path, tmp / TOKENS_NAME)
@@ -224,12 +237,16 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
 class PretokenizedDataset(ResumableIterableDataset):
     """Yields int64 tensors [seq_length] from a pretokenized folder (module docstring): a seeded permutation
     per epoch when `shuffle`, rank r takes r::world_size of it (worker w of that, w::num_workers);
-    `infinite` restarts and counts `epoch`. The memory map is opened in the process that iterates."""
+    `infinite` restarts and counts `epoch`. The memory map is opened in the process that iterates.
+    `fim_rate` > 0 (with `fim_spm_rate` and the `tokenizer` the data was made with, which must have the FIM
+    tokens): fill-in-the-middle training sequences (`pretokenized_fim.py`), shuffled through a buffer of
+    `sequence_shuffle_buffer` sequences (used with FIM only: without it the slices are already permuted)."""
 
     STATE_KIND, STATE_VERSION = "pretokenized", VERSION
 
     def __init__(self, path, seq_length: int, infinite: bool = False, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, tokenizer=None, fim_rate: float = 0.0,
+                 fim_spm_rate: float = 0.5, sequence_shuffle_buffer: int = 0):
         if seq_length <= 0:
             raise CodeParrotError(f"seq_length must be > 0, got {seq_length}")
         self._set_ranks(rank, world_size)
@@ -241,6 +258,18 @@ class PretokenizedDataset(ResumableIterableDataset):
         if self.n_sequences == 0:
             raise CodeParrotError(f"{path} holds {self.index['n_tokens']} tokens, fewer than one sequence of "
                                   f"{seq_length}")
+        if sequence_shuffle_buffer < 0:
+            raise CodeParrotError(f"sequence_shuffle_buffer must be >= 0, got {sequence_shuffle_buffer}")
+        self.tokenizer, self.fim, self.sequence_shuffle_buffer = tokenizer, None, int(sequence_shuffle_buffer)
+        check_rates(fim_rate, fim_spm_rate)
+        if fim_rate > 0:
+            if tokenizer is None:
+                raise CodeParrotError("FIM on pretokenized data needs the tokenizer (to split documents by character)")
+            self.fim = FimTransform.for_tokenizer(tokenizer, fim_rate, fim_spm_rate, self.seed)
+            if self.index.get("literal_special_tokens") != SPECIALS_AS_TEXT:
+                raise CodeParrotError(f"{path} was pretokenized before special-token strings in files were kept as "
+                                      "text (a file's literal <fim_middle> would be a sentinel): re-run "
+                                      "scripts/pretokenize.py to train with FIM")
 
     def order(self, epoch: int, reader_id: int, n_readers: int) -> np.ndarray:
         """Sequence indices reader `reader_id` of `n_readers` visits in `epoch` (rank-major: reader = rank ×
@@ -253,7 +282,11 @@ class PretokenizedDataset(ResumableIterableDataset):
         rank, worker = divmod(reader_id, workers)
         return perm[rank :: self.world_size][worker::workers].copy()
 
-    def _start(self, reader: Reader, state: dict | None) -> "_PretokenizedIterator":
+    def _start(self, reader: Reader, state: dict | None):
+        if self.fim is not None:
+            from codeparrot.training.datasets.pretokenized_fim import PretokenizedFimIterator
+
+            return PretokenizedFimIterator(self, reader.id, reader.count, state)
         return _PretokenizedIterator(self, reader.id, reader.count, state)
 
 
@@ -267,6 +300,7 @@ class _PretokenizedIterator:
             expected = {"reader_id": reader_id, "n_readers": n_readers, "n_tokens": ds.index["n_tokens"],
                         "seq_length": ds.seq_length, "seed": ds.seed, "shuffle": ds.shuffle}
             check_state_matches(state, expected, "data, seq_length, seed")
+            check_fim_matches(state, None)
             self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.indices = ds.order(self.epoch, reader_id, n_readers)
 

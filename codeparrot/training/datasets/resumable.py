@@ -36,6 +36,19 @@ def check_state_matches(state: dict, expected: dict[str, Any], same: str) -> Non
                                   f"(resume with the same {same}, number of processes and dataloader workers)")
 
 
+def check_fim_matches(state: dict, fim) -> None:
+    """One-line `CodeParrotError` when a saved position was taken with other FIM rates than this run's `fim` (a
+    `FimTransform`, or None for off; a position saved with FIM off has no rates): the rest of the stream would
+    be a different one."""
+    saved = (state.get("fim_rate") or 0.0, state.get("fim_spm_rate") if state.get("fim_rate") else None)
+    now = (fim.rate, fim.spm_rate) if fim is not None else (0.0, None)
+    if saved != now:
+        def show(rates):
+            return f"fim_rate {rates[0]:g}" + (f", fim_spm_rate {rates[1]:g}" if rates[1] is not None else "")
+        raise CodeParrotError(f"data state was saved with data.{show(saved)}; this run has data.{show(now)}: "
+                              "resume with the same data.fim_rate and data.fim_spm_rate")
+
+
 class ResumableIterableDataset(torch.utils.data.IterableDataset):
     """Base of the training datasets: subclasses set `STATE_KIND`, `STATE_VERSION`, call `_set_ranks`, and
     implement `_start(reader, state)` returning their iterator (with `epoch` and `state_dict()`)."""

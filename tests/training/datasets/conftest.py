@@ -34,12 +34,12 @@ class WatchedTokenizer:
     def get_vocab(self):
         return self.inner.get_vocab()
 
-    def __call__(self, texts, add_special_tokens=False):
+    def __call__(self, texts, add_special_tokens=False, **kwargs):  # kwargs: split_special_tokens (plain text)
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise KeyboardInterrupt
         self.calls += 1
         self.seen.extend(texts)
-        return self.inner(texts, add_special_tokens=add_special_tokens)
+        return self.inner(texts, add_special_tokens=add_special_tokens, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -133,6 +133,9 @@ RESUME_CASES = {
     "infinite-across-epochs": dict(num_of_sequences=4, infinite=True, shuffle_buffer=3, sequence_shuffle_buffer=4),
     # reader 1 of 3: the record count that deals records runs across epochs and must resume with them
     "reader-1-of-3-across-epochs": dict(num_of_sequences=2, infinite=True, shuffle_buffer=3, rank=1, world_size=3),
+    # fill-in-the-middle: the transform has no state of its own, the position must still be exact
+    "fim-shuffled-across-epochs": dict(num_of_sequences=4, infinite=True, shuffle_buffer=3, sequence_shuffle_buffer=4,
+                                       fim_rate=0.5, fim_spm_rate=0.5),
 }
 
 

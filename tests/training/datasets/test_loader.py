@@ -68,14 +68,16 @@ def roundtrip(state):
 
 
 def make(kind, data, tokenizer, rank=0, world_size=1):
+    """kind: "pretokenized" or "constant_length", "+fim" for fill-in-the-middle at rate 0.5."""
     shards, pretok = data
-    path = pretok if kind == "pretokenized" else shards
+    path = pretok if kind.startswith("pretokenized") else shards
     return build_dataset(str(path), tokenizer, L, rank=rank, world_size=world_size, infinite=True, seed=7,
-                         num_of_sequences=4, shuffle_buffer=4, sequence_shuffle_buffer=6)
+                         num_of_sequences=4, shuffle_buffer=4, sequence_shuffle_buffer=6,
+                         fim_rate=0.5 if kind.endswith("+fim") else 0.0)
 
 
 @pytest.mark.parametrize("num_workers,snapshot_every", [(0, None), (2, None), (2, 5)])
-@pytest.mark.parametrize("kind", ["pretokenized", "constant_length"])
+@pytest.mark.parametrize("kind", ["pretokenized", "constant_length", "pretokenized+fim", "constant_length+fim"])
 def test_loader_resumes_at_the_next_batch_the_caller_has_not_seen(data, tokenizer, kind, num_workers,
                                                                   snapshot_every):
     steps, k = 60, 23  # workers prefetch 2 batches each beyond what the caller took at the save

@@ -93,7 +93,7 @@ class CodeEvalSandboxed(evaluate.Metric):
         per_task = [[] for _ in predictions]
         for task, result in zip(owner, results):
             detail = result.detail
-            if prompts is None and result.checker == "isolated" and _UNDEFINED.match(detail):
+            if prompts is None and result.checker.startswith("isolated") and _UNDEFINED.match(detail):
                 detail += " (a helper of the problem's prompt? the checker has it only from prompts=)"
             per_task[task].append({"status": result.status, "detail": detail, "checker": result.checker})
         counts = {str(t): (len(r), sum(x["status"] == "passed" for x in r)) for t, r in enumerate(per_task)}

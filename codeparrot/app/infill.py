@@ -1,0 +1,116 @@
+"""The Infill tab (API `/infill`): the code before and after the cursor, the middle written by a checkpoint between
+them (fill-in-the-middle), streamed in place.
+
+The model reads the PSM prompt `EOS <fim_prefix> before <fim_suffix> after <fim_middle>` (codeparrot/fim; nothing
+stripped: the cursor's indentation matters) and writes the middle until EOS or a FIM sentinel, which is never
+shown (`codeparrot.inference.completion` with `suffix=`). The page shows the whole file, before + middle + after,
+growing in place as the middle streams, and the middle alone. A checkpoint whose tokenizer lacks the FIM tokens
+(trained before they were reserved) is a one-line message.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from codeparrot.app.complete import _GENERATION_LOCK
+from codeparrot.app.pickers import revision_picker
+from codeparrot.app.workspace import Workspace, guarded
+from codeparrot.errors import CodeParrotError
+from codeparrot.fim.prompt import fim_prompt_ids
+from codeparrot.inference.completion import CompletionStreamer, generate_completions, infill_stops
+from codeparrot.repository.model import model_context
+
+EXAMPLE_BEFORE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+EXAMPLE_AFTER = "\n\nprint(fibonacci(10))\n"
+WHAT = "infilling"
+
+
+def _check_input(ws: Workspace, before: str | None, after: str | None) -> tuple[str, str]:
+    before, after = before or "", after or ""
+    if not (before + after).strip():
+        raise CodeParrotError("the code before and after the cursor is empty; type or paste some code first")
+    if before.strip():
+        ws.check_text(before, "code before the cursor")
+    if after.strip():
+        ws.check_text(after, "code after the cursor")
+    return before, after
+
+
+def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoint: str, temperature: float,
+                  top_p: float, max_new_tokens: float, seed: float | None):
+    """Yield (before + middle so far + after, middle so far, status line) until the middle is final."""
+    before, after = _check_input(ws, before, after)
+    if max_new_tokens is None or int(max_new_tokens) != max_new_tokens:
+        raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
+    model, tokenizer, label = ws.model(branch, checkpoint)
+    room = model_context(model) - len(fim_prompt_ids(tokenizer, before, after, WHAT))  # FIM tokens checked here
+    if room < 1:
+        raise CodeParrotError(f"the code before and after the cursor fills the model's whole context of "
+                              f"{model_context(model)} tokens; shorten it")
+    max_new = max(1, min(int(max_new_tokens), room))
+    pieces: queue.Queue = queue.Queue()
+    outcome: dict = {}
+    stop_strings, stop_ids = infill_stops(tokenizer, WHAT)
+    streamer = CompletionStreamer(tokenizer, write=pieces.put, stop_strings=stop_strings, stop_ids=stop_ids)
+
+    def run() -> None:
+        try:
+            with _GENERATION_LOCK:
+                outcome["completions"] = generate_completions(
+                    model, tokenizer, before, max_new_tokens=max_new, temperature=float(temperature),
+                    top_p=float(top_p), seed=None if seed is None or seed < 0 else int(seed), streamer=streamer,
+                    suffix=after)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
+            outcome["error"] = err
+        finally:
+            pieces.put(None)
+
+    start = time.perf_counter()
+    worker = threading.Thread(target=run, name="codeparrot-infill", daemon=True)
+    worker.start()
+    middle = ""
+    while (piece := pieces.get()) is not None:
+        middle += piece
+        yield before + middle + after, middle, f"filling in with {label} …"
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    done = outcome["completions"][0]
+    yield before + done.text + after, done.text, (f"{label} · middle of {done.num_tokens} tokens in "
+                                                  f"{time.perf_counter() - start:.1f} s · ended by {done.stop_reason}")
+
+
+def build_infill_tab(ws: Workspace) -> None:
+    import gradio as gr
+
+    gr.Markdown("Give the code before and after the cursor; the checkpoint writes the middle (fill-in-the-middle) "
+                "until it ends it (EOS). Needs a checkpoint trained with FIM (`data.fim_rate` > 0) to be useful, "
+                "and a tokenizer with the FIM tokens.")
+    branch, checkpoint = revision_picker(ws)
+    with gr.Row():
+        # Textboxes, not gr.Code: the text must be exact (Code strips whitespace, and the cursor's indentation
+        # at the end of the code before it is part of the prompt).
+        before = gr.Textbox(EXAMPLE_BEFORE, label="code before the cursor", lines=6, elem_id="infill-before",
+                            elem_classes=["cp-code"])
+        after = gr.Textbox(EXAMPLE_AFTER, label="code after the cursor", lines=6, elem_id="infill-after",
+                           elem_classes=["cp-code"])
+    with gr.Row():
+        temperature = gr.Slider(0.0, 2.0, value=0.2, step=0.05, label="temperature (0 = greedy)")
+        top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="top-p")
+        max_new = gr.Slider(1, 512, value=64, step=1, label="max new tokens")
+        seed = gr.Number(0, precision=0, label="seed (-1 = random)")
+    button = gr.Button("Fill in the middle", variant="primary", elem_id="infill-button")
+    status = gr.Markdown(elem_id="infill-status")
+    output = gr.Textbox(label="before + middle + after (the middle written in place)", lines=12, max_lines=40,
+                        interactive=False, elem_id="infill-output", elem_classes=["cp-code"])
+    middle = gr.Textbox(label="the middle alone", lines=3, max_lines=20, interactive=False, elem_id="infill-middle",
+                        elem_classes=["cp-code"])
+
+    @guarded(lambda line: ("", "", line))
+    def infill(before, after, branch, checkpoint, temperature, top_p, max_new_tokens, seed):
+        yield from stream_infill(ws, before, after, branch, checkpoint, temperature, top_p, max_new_tokens, seed)
+
+    button.click(infill, [before, after, branch, checkpoint, temperature, top_p, max_new, seed],
+                 [output, middle, status], api_name="infill")

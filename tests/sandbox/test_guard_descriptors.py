@@ -1,0 +1,111 @@
+"""The guard sees what it guards (issue 29, attack 5): an audit event names a path, not the descriptor it is
+relative to, so a program opening `proc/<pid>/environ` relative to a descriptor of `/` read and listed
+/proc past the guard's path rule, `os.rename` with a destination `dir_fd` moved a file out of the
+workspace, and a sqlite URI (or SQL's ATTACH) created files anywhere. In guard-only mode (no namespaces,
+no private uid: the guard is the last barrier) each reached the host. Now descriptors of folders outside
+the workspace cannot be opened, every `dir_fd` argument is checked, sqlite URIs are refused, and where the
+guard is the last barrier sqlite is refused altogether; that mode runs only with an explicit opt-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from codeparrot.sandbox import Program, SandboxConfig
+
+from .test_process_ownership import AS_UNPRIVILEGED
+
+CHECK_ONE = "def check(candidate):\n    assert candidate() == 1\n"
+
+
+@pytest.fixture
+def bait():
+    """A process of ours (the guard-only programs' uid) holding a token in its environment."""
+    token = "hf_bait_token_" + os.urandom(6).hex()
+    proc = subprocess.Popen(["sleep", "60"], env={"HF_TOKEN": token, "PATH": os.environ.get("PATH", "/usr/bin")})
+    yield proc.pid, token
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("mode", ["guard-only", "full"])
+def test_descriptor_tricks_do_not_pass_the_guard(start_box, default_box, bait, tmp_path, mode):
+    if mode == "full":
+        box = default_box
+    else:
+        box = start_box(SandboxConfig(timeout=3.0, namespaces=False, drop_privileges=False, allow_root=True))
+    pid, token = bait
+    tmp_path.chmod(0o777)
+    host = str(tmp_path)
+    cases = {
+        "environ relative to a descriptor of /": "import os\ndef f():\n    root = os.open('/', os.O_RDONLY)\n"
+            f"    fd = os.open('proc/{pid}/environ', os.O_RDONLY, dir_fd=root)\n"
+            f"    return 1 if {token!r}.encode() in os.read(fd, 1 << 20) else 0\n",
+        "/proc listed through descriptors": "import os\ndef f():\n    root = os.open('/', os.O_RDONLY)\n"
+            "    proc = os.open('proc', os.O_RDONLY | os.O_DIRECTORY, dir_fd=root)\n"
+            f"    return 1 if '{pid}' in os.listdir(proc) else 0\n",
+        "O_PATH descriptor of /": "import os\ndef f():\n    root = os.open('/', os.O_PATH)\n"
+            f"    return 1 if os.stat('proc/{pid}', dir_fd=root) else 0\n",
+        "rename out through dst_dir_fd": "import os\ndef f():\n    open('loot', 'w').write('x')\n"
+            f"    out = os.open({host!r}, os.O_RDONLY)\n    os.rename('loot', 'renamed', dst_dir_fd=out)\n"
+            "    return 1\n",
+        "replace with a workspace dst_dir_fd": "import os\ndef f():\n    open('a', 'w').write('x')\n"
+            "    os.mkdir('d')\n    here = os.open('d', os.O_RDONLY)\n    os.replace('a', 'b', dst_dir_fd=here)\n"
+            "    return 1\n",
+        "sqlite URI": f"import sqlite3\ndef f():\n    db = sqlite3.connect('file:{host}/uri.db?mode=rwc', uri=True)\n"
+            "    db.execute('create table t(a)')\n    db.commit()\n    return 1\n",
+        "sqlite ATTACH": f"import sqlite3\ndef f():\n    db = sqlite3.connect(':memory:')\n"
+            f"    db.execute(\"attach database '{host}/attached.db' as x\")\n    db.execute('create table x.t(a)')\n"
+            "    return 1\n",
+    }
+    results = dict(zip(cases, box.run([Program("", code, CHECK_ONE, "f") for code in cases.values()])))
+    for name, result in results.items():
+        assert not result.passed, (name, result)
+    assert os.listdir(host) == []  # nothing renamed, created or attached there
+    for name in ("environ relative to a descriptor of /", "/proc listed through descriptors", "O_PATH descriptor of /"):
+        assert results[name].detail == "sandbox refused os.open of a folder outside the workspace /", results[name]
+    assert results["replace with a workspace dst_dir_fd"].detail == "sandbox refused os.rename with dir_fd"
+    assert results["sqlite URI"].detail == "sandbox refused sqlite3.connect of a URI" or mode == "guard-only"
+    if mode == "guard-only":  # the host's tree: the guard refuses, and is the last barrier (so: no sqlite)
+        assert results["rename out through dst_dir_fd"].detail == f"sandbox refused os.open of a folder outside the " \
+            f"workspace {os.path.realpath(host)}", results["rename out through dst_dir_fd"]
+        for name in ("sqlite URI", "sqlite ATTACH"):
+            assert results[name].detail == "sandbox refused sqlite3.connect (no read-only filesystem: the guard " \
+                "is the last barrier)", results[name]
+    else:  # the minimal view: the host folder does not exist there, whatever the guard says
+        assert "FileNotFoundError" in results["rename out through dst_dir_fd"].detail
+        assert results["sqlite ATTACH"].status == "failed", results["sqlite ATTACH"]
+
+
+# As an unprivileged user without namespaces (namespaces=False: what a machine without user namespaces gets),
+# the guard would be the last barrier: refused, unless explicitly accepted.
+GUARD_ONLY_RUN = AS_UNPRIVILEGED + r'''
+from codeparrot.errors import CodeParrotError
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
+got = {}
+for name, config in (("default", SandboxConfig(namespaces=False, drop_privileges=False)),
+                     ("opted in", SandboxConfig(namespaces=False, drop_privileges=False, allow_guard_only=True))):
+    try:
+        with Sandbox(config, num_workers=1) as box:
+            box.start()
+            program = Program("", "def f():\n    return 1\n", "def check(c):\n    assert c() == 1\n", "f")
+            got[name] = box.run([program])[0].status
+    except CodeParrotError as err:
+        got[name] = str(err)
+print(json.dumps(got))
+'''
+
+
+def test_guard_only_mode_needs_an_explicit_opt_in():
+    out = subprocess.run([sys.executable, "-c", GUARD_ONLY_RUN], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert "the audit-hook guard would be the last barrier" in got["default"], got
+    assert got["opted in"] == "passed", got

@@ -1,0 +1,231 @@
+"""Hostile input gets a clear error in TGI's or OpenAI's format, never a traceback, a hang or a stuck batch: bad JSON
+and types, a 10 MB prompt, absurd limits, missing keys, a flood of connections from a bounded local generator, and
+clients that leave in the middle of their answer."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+KEY = "s3cret-key-for-tests"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def hostile(serve_model):
+    """The random model (it never stops early) behind an API key, with small bounds: 2 sequences per step, 4
+    requests at once, 64 KB bodies; every decoding step takes at least 20 ms, so a request of 40 tokens lasts
+    about a second and a client can leave in the middle of it."""
+    server = serve_model("random", api_key=KEY, max_batch_size=2, max_concurrent_requests=4, max_request_kb=64)
+    real_step = server.state.engine.batch.step
+
+    def slow_step(tokens):
+        time.sleep(0.02)
+        return real_step(tokens)
+
+    server.state.engine.batch.step = slow_step
+    return server
+
+
+def request(server, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
+    """(status, headers, parsed JSON or text) of one request on a fresh connection."""
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **AUTH, **(headers or {})})
+    answer = conn.getresponse()
+    raw = answer.read().decode()
+    conn.close()
+    try:
+        return answer.status, dict(answer.getheaders()), json.loads(raw)
+    except ValueError:
+        return answer.status, dict(answer.getheaders()), raw
+
+
+def assert_tgi_error(answer, status: int, kind: str, words: str = "") -> None:
+    code, _, body = answer
+    assert code == status, body
+    assert set(body) == {"error", "error_type"} and body["error_type"] == kind, body
+    assert "\n" not in body["error"] and "Traceback" not in body["error"] and words in body["error"], body
+
+
+def assert_openai_error(answer, status: int, words: str = "") -> None:
+    code, _, body = answer
+    assert code == status, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and words in error["message"], body
+    assert "\n" not in error["message"] and "Traceback" not in error["message"]
+
+
+def settled(server, timeout: float = 10.0) -> dict:
+    """The engine's stats once no request is waiting or running (or the test fails)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = server.state.engine.stats()
+        if stats["requests"] == 0 and stats["running_sequences"] == 0:
+            return stats
+        assert time.monotonic() < deadline, f"the engine did not settle: {stats}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"{bad", "not valid JSON"),
+    (b"[1, 2]", "valid dictionary"),
+    (b'{"inputs": 5}', "inputs: Input should be a valid string"),
+    (b'{"inputs": "x", "parameters": {"max_new_tokens": "many"}}', "parameters.max_new_tokens"),
+    (b'{"inputs": "x", "parameters": {"temperature": NaN}}', "finite"),
+    (b'{"inputs": "x", "parameters": []}', "parameters"),
+    (b'{"inputs": ""}', "cannot be empty"),
+    (b'{"inputs": "x\\ud800"}', "not valid Unicode"),
+    (b'{"inputs": "x", "parameters": {"truncate": 100000000000000000000}}', "truncate"),
+    (b'{"inputs": "x", "parameters": {"top_p": 1.5}}', "top_p"),
+    (b'{"inputs": "x", "parameters": {"best_of": 1000000}}', "best_of"),
+    (b'{"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n",'
+     b' "o", "p", "q"]}}', "--max-stop-sequences"),
+])
+def test_tgi_routes_refuse_bad_bodies_in_tgi_format(hostile, body, words):
+    for path in ("/generate", "/generate_stream", "/"):
+        assert_tgi_error(request(hostile, "POST", path, body), 422, "validation", words)
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"{bad", "not valid JSON"),
+    (b'{"prompt": {"a": 1}}', "prompt"),
+    (b'{"prompt": [1, 2, 3]}', "token ids"),
+    (b'{"prompt": "x", "max_tokens": -1}', "at least 1"),
+    (b'{"prompt": "x", "stop": [""]}', "cannot be empty"),
+    (b'{"prompt": "x", "n": 1000000}', "--max-n"),
+    (b'{"prompt": "x", "logprobs": 3, "stream": true}', "stream"),
+    (b'{"prompt": "x", "suffix": "y\\udc00"}', "not valid Unicode"),
+])
+def test_openai_route_refuses_bad_bodies_in_openai_format(hostile, body, words):
+    assert_openai_error(request(hostile, "POST", "/v1/completions", body), 400, words)
+
+
+def test_sizes_and_limits(hostile):
+    huge = {"inputs": "a" * 10_000_000}  # 10 MB: refused unread (Content-Length), after draining it
+    assert_tgi_error(request(hostile, "POST", "/generate", huge), 413, "too_large", "64 KB")
+    assert_openai_error(request(hostile, "POST", "/v1/completions", {"prompt": "a" * 10_000_000}), 413, "64 KB")
+    assert_tgi_error(request(hostile, "POST", "/generate", {"inputs": "a" * 50_000}), 422, "validation",
+                     "--max-input-tokens")  # refused before tokenizing
+    assert_tgi_error(request(hostile, "POST", "/generate", {"inputs": "def f(x): return x\n" * 8}), 422, "validation",
+                     "tokens (with the EOS")  # tokenized, then refused
+    assert_tgi_error(request(hostile, "POST", "/generate", {"inputs": "x", "parameters": {"max_new_tokens": 10**9}}),
+                     422, "validation", "at most")
+    assert_tgi_error(request(hostile, "POST", "/generate", {"inputs": "x", "parameters": {"max_new_tokens": 63}}),
+                     422, "validation", "must be <= 64")
+    assert_openai_error(request(hostile, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 10**9}), 400,
+                        "at most")
+    assert_tgi_error(request(hostile, "GET", "/nowhere"), 404, "not_found")
+    assert_tgi_error(request(hostile, "GET", "/generate"), 405, "not_allowed")
+    assert settled(hostile)["failed"] == 0
+
+
+def test_api_key(hostile):
+    for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+        answer = request(hostile, "POST", "/generate", {"inputs": "x"}, headers)
+        assert_tgi_error(answer, 401, "unauthorized", "API key")
+        assert answer[1].get("www-authenticate") == "Bearer" and KEY not in json.dumps(answer[2])
+        assert_openai_error(request(hostile, "GET", "/v1/models", headers=headers), 401, "API key")
+    assert request(hostile, "GET", "/health", headers={"Authorization": ""})[0] == 200
+    status, _, body = request(hostile, "POST", "/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2}})
+    assert status == 200 and isinstance(body["generated_text"], str)
+
+
+async def _flood(host: str, port: int, connections: int) -> list[int]:
+    """`connections` clients at once, each one request on its own connection; their status codes."""
+    body = json.dumps({"inputs": "x =", "parameters": {"max_new_tokens": 2}}).encode()
+    head = (f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+            f"{KEY}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+
+    async def one() -> int:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(head + body)
+        await writer.drain()
+        raw = await reader.read()
+        writer.close()
+        status = int(raw.split(b" ", 2)[1])
+        payload = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+        if status == 429:
+            assert payload["error_type"] == "overloaded" and "overloaded" in payload["error"]
+        return status
+
+    return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(connections))), 120)
+
+
+@pytest.mark.slow(12)
+def test_a_flood_of_connections_gets_answers_or_429_and_leaves_nothing_behind(hostile):
+    url = urlsplit(hostile.url)
+    statuses = asyncio.run(_flood(url.hostname, url.port, 1000))
+    # 4 at a time, about 60 ms each: most of the 1,000 find the server full however fast they connect
+    assert set(statuses) <= {200, 429} and statuses.count(200) >= 4 and statuses.count(429) > 100
+    stats = settled(hostile)
+    assert stats["largest_batch"] <= 2 and stats["failed"] == 0
+    status, _, body = request(hostile, "POST", "/generate", {"inputs": "x", "parameters": {"max_new_tokens": 3}})
+    assert status == 200 and body["generated_text"] is not None
+
+
+def _open_stream(server, path: str, body: dict, first_event: bool = True) -> socket.socket:
+    """A raw connection that sent a request, and read up to its first stream event with `first_event`."""
+    url = urlsplit(server.url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=30)
+    data = json.dumps(body).encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer {KEY}"
+                 f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    seen = b""
+    while first_event and b"data:" not in seen:
+        chunk = sock.recv(4096)
+        assert chunk, "the stream ended before its first event"
+        seen += chunk
+    return sock
+
+
+def test_clients_leaving_mid_answer_are_cancelled_and_others_finish(hostile):
+    engine = hostile.state.engine
+    before = dict(engine.counts)
+    result = {}
+    other = threading.Thread(target=lambda: result.update(answer=request(
+        hostile, "POST", "/generate", {"inputs": "y =", "parameters": {"max_new_tokens": 30}})))
+    other.start()
+    for path, body in (("/generate_stream", {"inputs": "x =", "parameters": {"max_new_tokens": 40}}),
+                       ("/v1/completions", {"prompt": "x =", "max_tokens": 40, "stream": True})):
+        _open_stream(hostile, path, body).close()  # gone after its first token
+    # a non-streamed request whose client leaves while it runs
+    sock = _open_stream(hostile, "/generate", {"inputs": "z =", "parameters": {"max_new_tokens": 40}}, False)
+    time.sleep(0.3)
+    sock.close()
+    other.join(60)
+    stats = settled(hostile)
+    assert stats["cancelled"] - before["cancelled"] == 3 and stats["failed"] == before["failed"]
+    steps = stats["steps"] - before["steps"]
+    assert steps < 3 * 40, f"{steps} steps: the cancelled requests ran on"  # 40 tokens each, had they not left
+    status, _, body = result["answer"]
+    assert status == 200 and body["generated_text"] is not None
+
+
+def test_full_queue_is_429_for_the_hub_client(hostile, monkeypatch):
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+    from huggingface_hub.errors import OverloadedError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # loopback only: see test_tgi.py
+    streams = [_open_stream(hostile, "/generate_stream", {"inputs": "x", "parameters": {"max_new_tokens": 60}},
+                            first_event=False) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 30
+        while hostile.state.engine.stats()["requests"] < 4:  # 2 running, 2 waiting: the bound
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(OverloadedError, match="overloaded"):
+            InferenceClient(model=hostile.url, token=KEY).text_generation("x", max_new_tokens=2)
+    finally:
+        for sock in streams:
+            sock.close()
+    settled(hostile)
