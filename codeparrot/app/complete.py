@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from typing import Callable
 
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.workspace import Workspace, guarded
@@ -31,6 +32,51 @@ def fit_to_context(model, tokenizer, prompt: str, max_new_tokens: int) -> int:
     return max(1, min(max_new_tokens, room))
 
 
+def seed_or_none(seed: float | None) -> int | None:
+    """The seed field's value: None (random) for an empty field or a negative number."""
+    return None if seed is None or seed < 0 else int(seed)
+
+
+def stream_generation(tokenizer, generate: Callable[[CompletionStreamer], list], name: str, **stops):
+    """Run `generate(streamer)` on a thread, under the generation lock, while this generator yields
+    `(piece, None)` for each decoded piece as it arrives and, last, `(None, completions)` (what `generate`
+    returned). An error in the thread is raised here, in the request's thread. `stops`: the streamer's
+    `stop_strings` / `stop_ids`."""
+    pieces: queue.Queue = queue.Queue()
+    outcome: dict = {}
+    streamer = CompletionStreamer(tokenizer, write=pieces.put, **stops)
+
+    def run() -> None:
+        try:
+            with _GENERATION_LOCK:
+                outcome["completions"] = generate(streamer)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
+            outcome["error"] = err
+        finally:
+            pieces.put(None)
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    while (piece := pieces.get()) is not None:
+        yield piece, None
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    yield None, outcome["completions"]
+
+
+def sampling_controls(max_new_tokens: int):
+    """The row of sampling settings the generating tabs share: (temperature, top_p, max_new, seed) components."""
+    import gradio as gr
+
+    with gr.Row():
+        temperature = gr.Slider(0.0, 2.0, value=0.2, step=0.05, label="temperature (0 = greedy)")
+        top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="top-p")
+        max_new = gr.Slider(1, 512, value=max_new_tokens, step=1, label="max new tokens")
+        seed = gr.Number(0, precision=0, label="seed (-1 = random)")
+    return temperature, top_p, max_new, seed
+
+
 def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, temperature: float, top_p: float,
                       max_new_tokens: float, seed: float | None):
     """Yield (prompt + completion so far, status line) until the completion is final."""
@@ -41,32 +87,16 @@ def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, 
         raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
     model, tokenizer, label = ws.model(branch, checkpoint)
     max_new_tokens = fit_to_context(model, tokenizer, prompt, int(max_new_tokens))
-    pieces: queue.Queue = queue.Queue()
-    outcome: dict = {}
-    streamer = CompletionStreamer(tokenizer, write=pieces.put)
-
-    def run() -> None:
-        try:
-            with _GENERATION_LOCK:
-                outcome["completions"] = generate_completions(
-                    model, tokenizer, prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                    top_p=float(top_p), seed=None if seed is None or seed < 0 else int(seed), streamer=streamer)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
-            outcome["error"] = err
-        finally:
-            pieces.put(None)
-
     start = time.perf_counter()
-    worker = threading.Thread(target=run, name="codeparrot-complete", daemon=True)
-    worker.start()
     text = prompt
-    while (piece := pieces.get()) is not None:
-        text += piece
-        yield text, f"generating with {label} …"
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    done = outcome["completions"][0]
+    for piece, completions in stream_generation(
+            tokenizer, lambda streamer: generate_completions(
+                model, tokenizer, prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                top_p=float(top_p), seed=seed_or_none(seed), streamer=streamer), name="codeparrot-complete"):
+        if completions is None:
+            text += piece
+            yield text, f"generating with {label} …"
+    done = completions[0]
     yield prompt + done.text, (f"{label} · {done.num_tokens} tokens in {time.perf_counter() - start:.1f} s · ended by "
                                f"{done.stop_reason}")
 
@@ -79,11 +109,7 @@ def build_complete_tab(ws: Workspace) -> None:
     branch, checkpoint = revision_picker(ws)
     prompt = gr.Code(EXAMPLE_PROMPT, language="python", label="prompt", lines=6, interactive=True,
                      elem_id="complete-prompt")
-    with gr.Row():
-        temperature = gr.Slider(0.0, 2.0, value=0.2, step=0.05, label="temperature (0 = greedy)")
-        top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="top-p")
-        max_new = gr.Slider(1, 512, value=128, step=1, label="max new tokens")
-        seed = gr.Number(0, precision=0, label="seed (-1 = random)")
+    temperature, top_p, max_new, seed = sampling_controls(max_new_tokens=128)
     button = gr.Button("Complete", variant="primary", elem_id="complete-button")
     status = gr.Markdown(elem_id="complete-status")
     # A Textbox, not gr.Code: Code strips leading/trailing whitespace, and the text must be exact.

@@ -10,16 +10,14 @@ growing in place as the middle streams, and the middle alone. A checkpoint whose
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
-from codeparrot.app.complete import _GENERATION_LOCK
+from codeparrot.app.complete import sampling_controls, seed_or_none, stream_generation
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.workspace import Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.fim.prompt import fim_prompt_ids
-from codeparrot.inference.completion import CompletionStreamer, generate_completions, infill_stops
+from codeparrot.inference.completion import generate_completions, infill_stops
 from codeparrot.repository.model import model_context
 
 EXAMPLE_BEFORE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
@@ -50,34 +48,18 @@ def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoin
         raise CodeParrotError(f"the code before and after the cursor fills the model's whole context of "
                               f"{model_context(model)} tokens; shorten it")
     max_new = max(1, min(int(max_new_tokens), room))
-    pieces: queue.Queue = queue.Queue()
-    outcome: dict = {}
     stop_strings, stop_ids = infill_stops(tokenizer, WHAT)
-    streamer = CompletionStreamer(tokenizer, write=pieces.put, stop_strings=stop_strings, stop_ids=stop_ids)
-
-    def run() -> None:
-        try:
-            with _GENERATION_LOCK:
-                outcome["completions"] = generate_completions(
-                    model, tokenizer, before, max_new_tokens=max_new, temperature=float(temperature),
-                    top_p=float(top_p), seed=None if seed is None or seed < 0 else int(seed), streamer=streamer,
-                    suffix=after)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
-            outcome["error"] = err
-        finally:
-            pieces.put(None)
-
     start = time.perf_counter()
-    worker = threading.Thread(target=run, name="codeparrot-infill", daemon=True)
-    worker.start()
     middle = ""
-    while (piece := pieces.get()) is not None:
-        middle += piece
-        yield before + middle + after, middle, f"filling in with {label} …"
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    done = outcome["completions"][0]
+    for piece, completions in stream_generation(
+            tokenizer, lambda streamer: generate_completions(
+                model, tokenizer, before, max_new_tokens=max_new, temperature=float(temperature),
+                top_p=float(top_p), seed=seed_or_none(seed), streamer=streamer, suffix=after),
+            name="codeparrot-infill", stop_strings=stop_strings, stop_ids=stop_ids):
+        if completions is None:
+            middle += piece
+            yield before + middle + after, middle, f"filling in with {label} …"
+    done = completions[0]
     yield before + done.text + after, done.text, (f"{label} · middle of {done.num_tokens} tokens in "
                                                   f"{time.perf_counter() - start:.1f} s · ended by {done.stop_reason}")
 
@@ -96,11 +78,7 @@ def build_infill_tab(ws: Workspace) -> None:
                             elem_classes=["cp-code"])
         after = gr.Textbox(EXAMPLE_AFTER, label="code after the cursor", lines=6, elem_id="infill-after",
                            elem_classes=["cp-code"])
-    with gr.Row():
-        temperature = gr.Slider(0.0, 2.0, value=0.2, step=0.05, label="temperature (0 = greedy)")
-        top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="top-p")
-        max_new = gr.Slider(1, 512, value=64, step=1, label="max new tokens")
-        seed = gr.Number(0, precision=0, label="seed (-1 = random)")
+    temperature, top_p, max_new, seed = sampling_controls(max_new_tokens=64)
     button = gr.Button("Fill in the middle", variant="primary", elem_id="infill-button")
     status = gr.Markdown(elem_id="infill-status")
     output = gr.Textbox(label="before + middle + after (the middle written in place)", lines=12, max_lines=40,
