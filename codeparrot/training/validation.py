@@ -6,6 +6,11 @@ forward, the final all-reduce). So at every eval step all processes all-reduce a
 stepping while any of them has data; a process that has run out forwards a fully masked dummy batch (labels
 all -100: no loss, no tokens). Each sequence of the split is therefore counted exactly once, and the loss is
 sum of token losses / number of predicted tokens over all processes, not a mean of per-batch means.
+
+Every forward has the same shape: the split's last, shorter batch is padded to the full batch with masked rows
+(rows are independent under causal attention, and masked ones add no loss and no tokens). A compiled model then
+runs one graph for the whole pass instead of compiling another (a dynamic-shape one, under dynamo's automatic
+dynamic shapes) for the last batch.
 """
 
 from __future__ import annotations
@@ -57,9 +62,9 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     """Validation loss of `model` over this process's `batches` (LongTensor [B, T], labels = inputs) and the
     other processes' ones: `max_steps` eval steps (each process one batch per step), or -1 for all of them.
 
-    `dummy_shape` [B, T] is the masked batch a process forwards after its data ran out (default: the shape of
-    its last real batch; required only when a process may have no data at all). `head_weight`: see
-    `token_loss_sum`."""
+    `dummy_shape` [B, T] is the shape of every forward: a shorter batch is padded to it, and a process whose data
+    ran out forwards a fully masked one (default: the largest batch seen; required only when a process may have
+    no data at all). `head_weight`: see `token_loss_sum`."""
     device = accelerator.device
     was_training = model.training
     model.eval()
@@ -78,11 +83,14 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
         if int(has_data.item()) == 0:  # every process has run out
             break
         if batch is not None:
-            shape = tuple(batch.shape)
-            sequences += shape[0]
-            seq_length = shape[1]
+            sequences += batch.shape[0]
+            seq_length = batch.shape[1]
+            if shape is None or batch.shape[1] != shape[1] or batch.shape[0] > shape[0]:
+                shape = tuple(batch.shape)
             input_ids = batch.to(device, non_blocking=True)
             labels = input_ids
+            if batch.shape[0] < shape[0]:  # the split's last, short batch: padded with masked rows (see above)
+                input_ids, labels = pad_rows(input_ids, shape[0])
         else:
             if shape is None:
                 raise ValueError("evaluate: a process had no validation data and no dummy_shape was given")
@@ -102,6 +110,14 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     loss = total_loss / total_count if total_count else float("nan")
     return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps,
                       sequences=int(total_sequences), seq_length=seq_length or (shape[1] if shape else None))
+
+
+def pad_rows(input_ids: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, labels) of `input_ids` [b, T] padded to [rows, T]: token 0 and label IGNORE_INDEX below."""
+    pad = rows - input_ids.shape[0]
+    padded = torch.cat([input_ids, input_ids.new_zeros((pad, input_ids.shape[1]))])  # [rows, T]
+    labels = torch.cat([input_ids, input_ids.new_full((pad, input_ids.shape[1]), IGNORE_INDEX)])  # [rows, T]
+    return padded, labels
 
 
 def perplexity(loss: float) -> float:

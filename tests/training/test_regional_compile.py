@@ -7,6 +7,8 @@ those backends cost about a second where inductor costs tens of seconds on the 2
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,6 +20,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.training.attention_scale import LAYER_SCALE, fold_layer_scale, install_layer_scales
 from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
 from codeparrot.training.regional_compile import compile_blocks
+from codeparrot.training.validation import evaluate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -102,6 +105,40 @@ def test_compiled_blocks_compute_what_eager_blocks_compute():
     loss, grads, graphs = compiled_step(model)
     assert graphs == 1
     assert_same_training_math((loss, grads), loss_and_grads(reference))
+
+
+def test_evaluation_between_training_steps_is_never_a_recompile():
+    """Train, evaluate a split whose last batch is short, train again: two graphs (training; evaluation under
+    no_grad), each compiled once for all 12 blocks. The evaluation used to fail the training graph's grad-mode
+    guard (a recompile) and its short last batch failed the shape guard (another, a dynamic-shape graph): the run
+    logged two recompiles. Every evaluation forward has the full batch's shape, and the loss is the plain mean
+    over all the split's tokens."""
+    model = gpt2()
+    reference = copy_of(model)
+    compile_blocks(model, backend="eager")
+    split = [BATCH, BATCH[:1]]  # 3 sequences, then 1
+    shapes = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(
+        tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    cpu = SimpleNamespace(device=torch.device("cpu"), num_processes=1)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with torch._dynamo.config.patch(**ONE_GRAPH):
+            first = loss_and_grads(model)
+            result = evaluate(model, split, cpu)
+            second = loss_and_grads(model)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert graphs == 2
+    assert shapes == [(3, 40), (3, 40), (3, 40), (3, 40)] and model.training  # train, eval ×2 (padded), train
+    everything = torch.cat(split)
+    with torch.no_grad():
+        expected = reference(input_ids=everything, labels=everything, use_cache=False).loss  # mean over 4 × 39
+    assert (result.sequences, result.tokens, result.batches) == (4, 4 * 39, 2)
+    assert result.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert_same_training_math(second, first)  # the same step again: evaluation changed nothing
 
 
 @pytest.mark.parametrize("stock", ["sdpa", "eager"])
