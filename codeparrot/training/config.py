@@ -168,6 +168,12 @@ class TrainConfig:
     compile_loss: Optional[bool] = doc(None, "Compile the fused loss's per-chunk softmax into fused kernels "
                                              "(one read of each logits chunk instead of several fp32 passes); "
                                              "null = on for CUDA, off on CPU.")
+    cuda_graphs: Optional[bool] = doc(None, "Replay each micro-step (forward, fused loss, backward) from one CUDA "
+                                            "graph captured after a few eager micro-steps: one launch instead of "
+                                            "hundreds (training/micro_step.py). One CUDA process, bf16 or fp32, no "
+                                            "gradient checkpointing: true elsewhere is a one-line error. null = off "
+                                            "(not yet measured on a GPU: scripts/gpu_check.py's headline stage "
+                                            "compares it with eager).")
     fused_loss: bool = doc(True, "Compute the LM head and cross-entropy together in chunks, never materializing the "
                                  "[batch, seq, vocab] logits (same loss, less memory, faster); false = the Hugging "
                                  "Face loss. Not used under FSDP/DeepSpeed (sharded head weight).")

@@ -40,7 +40,7 @@ from codeparrot.training.checkpointing import (
 from codeparrot.training.config import AUTO, TrainConfig
 from codeparrot.training.fast_path import FastPath, configure_cuda_allocator
 from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
-from codeparrot.training.loss import forward_loss, fused_head_weight
+from codeparrot.training.loss import fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.micro_batch import (
     inspect_batch_size,
@@ -48,6 +48,7 @@ from codeparrot.training.micro_batch import (
     resolve_micro_batch,
     reuse_on_resume,
 )
+from codeparrot.training.micro_step import MicroStep, resolve_cuda_graphs
 from codeparrot.training.model_io import (
     load_model,
     load_tokenizer_checked,
@@ -142,6 +143,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     enable_fsdp_on_cpu(accelerator)  # CPU processes: Accelerate's FSDP2 over gloo (training/sharding.py)
     reduce_gradients_in_fp32(accelerator)  # FSDP + bf16: reduce-scatter in fp32, as DDP does
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
+    cuda_graphs = resolve_cuda_graphs(cfg, accelerator)  # `cuda_graphs: true` where it cannot run: one line, now
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device
     if cfg.batch.micro_batch_size == AUTO:  # measured now, before set_seed: the probe's dropout draws random numbers
@@ -164,6 +166,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     report_sharding(accelerator, model)  # FSDP asked for: the parameters really are sharded
     train_loader = make_loader(cfg, train_ds, cfg.batch.micro_batch_size, device)
     head = fused_head_weight(accelerator, model, compiled=fast.compile_loss) if cfg.fused_loss else None
+    run_micro_step = MicroStep(accelerator, model, head, graphs=cuda_graphs)  # eager, or a CUDA graph's replays
 
     step, tokens_seen = 0, 0
     tokens_per_step = cfg.tokens_per_step(world)
@@ -191,8 +194,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     peak, peak_source = peak_flops(device, compute_dtype)
     loss_kind = (f"fused LM head + cross-entropy ({'compiled' if head.compiled else 'eager'} softmax)"
                  if head is not None else "the model's own (Hugging Face)")
-    accelerator.print(f"{cfg.budget_summary(world)}\nloss: {loss_kind}\n{fast.describe(cfg)}\n"
-                      f"MFU: {flops_per_token / 1e6:.1f} MFLOP/token ({MFU_CONVENTION}), "
+    accelerator.print(f"{cfg.budget_summary(world)}\nloss: {loss_kind}\n{fast.describe(cfg)}; "
+                      f"{run_micro_step.describe()}\nMFU: {flops_per_token / 1e6:.1f} MFLOP/token ({MFU_CONVENTION}), "
                       f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} per device ({peak_source})")
 
     # ---- 3. the loop ----
@@ -216,9 +219,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         for _ in range(accum):
             batch = next(train_iter).to(device, non_blocking=True)  # [micro_batch, seq_length]
             with accelerator.accumulate(model):  # no gradient all-reduce except on the last micro-step
-                loss = forward_loss(model, head, batch)  # mean over the B·(T-1) predicted tokens
-                accelerator.backward(loss)  # divides by `accum`: the step's gradient is the token mean
-            step_loss += loss.detach()
+                step_loss += run_micro_step(batch)  # forward, loss, backward (÷ accum); training/micro_step.py
         assert accelerator.sync_gradients, "the last micro-step of an optimizer step must synchronize gradients"
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]  # the rate this step uses (a Python float: no device sync)
@@ -228,7 +229,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             loss_sum += step_loss if keep is True else torch.where(keep, step_loss, torch.zeros_like(step_loss))
             micro_steps += accum  # device mode: the skipped ones are taken off at the log step (guard.flush)
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not run_micro_step.keeps_gradients)  # a CUDA graph adds into the same memory
         step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
         watchdog.beat(step)
         bar.update(1)

@@ -127,6 +127,38 @@ def test_headline_reads_the_batch_the_cli_chose_and_its_one_line_error(tmp_path)
     assert error_line(log) == "RuntimeError: boom"
 
 
+def test_the_cuda_graph_row_runs_with_graphs_and_is_compared_with_its_eager_row(tmp_path):
+    from codeparrot.tools.gpu_check.config import GpuCheckConfig, shapes_for
+    from codeparrot.tools.gpu_check.headline import compare_with_eager, headline_command, logged_losses, row_label
+    from codeparrot.tools.gpu_check.report import _headline
+
+    shapes = shapes_for(GpuCheckConfig())
+    assert shapes.headline_micro_batches == ("12", "auto", "auto+graphs")
+    graphed = headline_command(shapes, tmp_path, tmp_path, tmp_path / "run", "auto+graphs", cuda=True)
+    eager = headline_command(shapes, tmp_path, tmp_path, tmp_path / "run", "auto", cuda=True)
+    assert graphed == eager + ["--cuda_graphs", "true"] and "--cuda_graphs" not in eager
+    assert graphed[graphed.index("--batch.micro_batch_size") + 1] == "auto"
+    assert row_label("auto+graphs", 192) == "micro-batch auto + CUDA graphs"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2, "loss": 9.5}\n{"step": 2, "val_loss": 9.4}\n'
+                                           '{"step": 4, "loss": 9.25}\n')
+    assert logged_losses(tmp_path) == [9.5, 9.25] and logged_losses(tmp_path / "none") == []
+    rows = [{"row": "12", "requested_micro_batch": "12", "tokens_per_s": 1.0, "losses": [1.0]},
+            {"row": "auto", "requested_micro_batch": "auto", "micro_batch": 48, "accumulation": 4,
+             "tokens_per_s": 400.0, "losses": [9.5, 9.25]},
+            {"row": "auto + CUDA graphs", "requested_micro_batch": "auto+graphs", "micro_batch": 48,
+             "accumulation": 4, "tokens_per_s": 500.0, "losses": [9.5, 9.2]}]
+    compare_with_eager(rows)
+    assert rows[2]["speedup_vs_eager"] == 1.25
+    assert rows[2]["loss_max_abs_diff_vs_eager"] == pytest.approx(0.05)
+    assert "speedup_vs_eager" not in rows[0] and "speedup_vs_eager" not in rows[1]
+    assert "auto + CUDA graphs: 1.250× the eager row's tokens/s; largest logged-loss difference from it 0.05" in (
+        "\n".join(_headline(rows)))
+    rows[2]["micro_batch"] = 24  # auto chose differently: other sequences per micro-step, losses not comparable
+    del rows[2]["loss_max_abs_diff_vs_eager"]
+    compare_with_eager(rows)
+    assert "loss_max_abs_diff_vs_eager" not in rows[2]
+
+
 def test_largest_fitting_walks_up_while_it_fits_and_down_while_not():
     from codeparrot.tools.gpu_check.large_model import largest_fitting
 

@@ -3,10 +3,13 @@
 `accelerate launch scripts/train.py --config configs/train/codeparrot-small.yaml` with global batch 192 sequences
 of 1,024 tokens on one process, twice: at the published micro-batch 12 (so 16 accumulation steps) and with
 `--batch.micro_batch_size auto` (the run measures the largest micro-batch that fits and derives the
-accumulation); `--smoke` runs the auto row only (`Shapes.headline_micro_batches`). Each run trains
+accumulation), then auto with `--cuda_graphs true` (each micro-step replayed from one CUDA graph,
+training/micro_step.py); `--smoke` runs the auto row only (`Shapes.headline_micro_batches`). Each run trains
 `Shapes.headline_steps` optimizer steps, logged every 2, on `end_to_end.prepare()`'s model and tokens; its
 figures are the CLI's own summary (`<run>/throughput.json`: the median of the log windows after the warm-up
-one), so they are what a user of the CLI gets, start-up and compilation left out.
+one), so they are what a user of the CLI gets, start-up and compilation left out. The CUDA-graph row also says
+whether it trained what the eager auto row trained: the largest difference between their logged losses (the
+same seed, data and kernels: expected 0 or rounding), and its tokens/s as a multiple of the eager row's.
 
 A run the CLI refuses (an option it does not know yet, a budget that does not divide) is a row with the CLI's
 one-line error, not a failed stage: the other row still counts.
@@ -31,10 +34,15 @@ BUDGET_LINE = re.compile(r"(\d+) sequences/step = (\d+)/process × (\d+) accumul
 AUTO_LINE = re.compile(r"micro-batch auto: (\d+) \(accumulation (\d+)\)")
 
 
+GRAPHS = "+graphs"  # a headline row name's suffix: the same run with --cuda_graphs true
+
+
 def headline_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, micro_batch: str,
                      cuda: bool) -> list[str]:
     """The recipe's training command at `shapes.global_batch` sequences per step on one process; `micro_batch`
-    is a number or "auto". No validation split, one checkpoint (at the end), no pushes, no trackers."""
+    is a number or "auto", with GRAPHS appended for a CUDA-graph run. No validation split, one checkpoint (at
+    the end), no pushes, no trackers."""
+    micro_batch, graphs = micro_batch.removesuffix(GRAPHS), micro_batch.endswith(GRAPHS)
     return [*launcher(cuda), str(REPO_ROOT / "scripts" / "train.py"), "--config", str(shapes.train_preset),
             "--model", str(model), "--revision", "null", "--data.train", str(tokens), "--data.valid", "",
             "--data.seq_length", str(shapes.seq_length), "--output_dir", str(run_dir),
@@ -42,7 +50,7 @@ def headline_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, m
             "--checkpoint.save_steps", "0", "--checkpoint.push", "false", "--logging.log_steps", str(LOG_EVERY),
             "--logging.trackers", "[]", "--batch.micro_batch_size", micro_batch,
             "--batch.global_batch_size", str(shapes.global_batch), "--batch.gradient_accumulation_steps", "null",
-            "--batch.num_processes", "1"]
+            "--batch.num_processes", "1", *(["--cuda_graphs", "true"] if graphs else [])]
 
 
 def chosen_batch(run_dir: Path, log: Path) -> tuple[int | None, int | None]:
@@ -86,14 +94,41 @@ def cli_row(label: str, micro_batch: str, root: Path, shapes: Shapes, prepared: 
         return {**row, "error": f"train.py wrote no {summary_file.name} (log: {log})"}
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     row.update(tokens_per_s=summary.get("median_tokens_per_s"), mfu=summary.get("median_mfu"),
-               peak_memory_gib=summary.get("peak_memory_gib"), timed_windows=summary.get("windows"))
+               peak_memory_gib=summary.get("peak_memory_gib"), timed_windows=summary.get("windows"),
+               losses=logged_losses(run_dir))
     return row
 
 
+def logged_losses(run_dir: Path) -> list[float]:
+    """The training losses of `<run>/metrics.jsonl`, in step order (evaluation entries have none)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [e["loss"] for e in entries if "loss" in e]
+
+
+def compare_with_eager(rows: list[dict]) -> None:
+    """Each CUDA-graph row that has figures, against the eager row of the same micro-batch request: the largest
+    loss difference over their common log steps, and the tokens/s ratio (in place)."""
+    eager = {r["requested_micro_batch"]: r for r in rows if not r["requested_micro_batch"].endswith(GRAPHS)}
+    for row in rows:
+        base = eager.get(row["requested_micro_batch"].removesuffix(GRAPHS))
+        if not row["requested_micro_batch"].endswith(GRAPHS) or base is None or "tokens_per_s" not in row:
+            continue
+        pairs = list(zip(row.get("losses") or [], base.get("losses") or []))
+        if pairs and row.get("micro_batch") == base.get("micro_batch"):
+            row["loss_max_abs_diff_vs_eager"] = max(abs(a - b) for a, b in pairs)
+        if base.get("tokens_per_s") and row.get("tokens_per_s"):
+            row["speedup_vs_eager"] = row["tokens_per_s"] / base["tokens_per_s"]
+
+
 def row_label(micro_batch: str, global_batch: int) -> str:
+    graphs = " + CUDA graphs" if micro_batch.endswith(GRAPHS) else ""
+    micro_batch = micro_batch.removesuffix(GRAPHS)
     if micro_batch == "auto":
-        return "micro-batch auto"
-    return f"micro-batch {micro_batch} × {global_batch // int(micro_batch)} accumulation"
+        return f"micro-batch auto{graphs}"
+    return f"micro-batch {micro_batch} × {global_batch // int(micro_batch)} accumulation{graphs}"
 
 
 def headline_stage(root: Path, shapes: Shapes, prepared: tuple[Path, Path], cuda: bool, deadline: float) -> list[dict]:
@@ -107,4 +142,5 @@ def headline_stage(root: Path, shapes: Shapes, prepared: tuple[Path, Path], cuda
                             "skipped": "skipped: time budget spent"})
             continue
         results.append(cli_row(label, micro_batch, root, shapes, prepared, cuda, deadline))
+    compare_with_eager(results)
     return results

@@ -112,8 +112,13 @@ def _headline(rows: list[dict] | None) -> list[str]:
         batch = (f"{r['micro_batch']} × {r['accumulation']}" if r.get("micro_batch") else "n/a")
         table.append([r["row"], batch, *_row_figures(r, [("tokens_per_s", 0, False), ("mfu", 1, True),
                                                           ("peak_memory_gib", 2, False), ("wall_s", 0, False)])])
-    return lines + _table(["row", "micro-batch × accumulation", "tokens/s", "MFU", "peak memory GiB", "wall s"],
-                          table) + [""]
+    lines += _table(["row", "micro-batch × accumulation", "tokens/s", "MFU", "peak memory GiB", "wall s"], table)
+    for r in rows:
+        if "speedup_vs_eager" in r or "loss_max_abs_diff_vs_eager" in r:
+            diff = r.get("loss_max_abs_diff_vs_eager")
+            lines += ["", f"{r['row']}: {_fmt(r.get('speedup_vs_eager'), 3)}× the eager row's tokens/s; largest "
+                          f"logged-loss difference from it {'n/a' if diff is None else format(diff, '.3g')}"]
+    return lines + [""]
 
 
 def _profile(prof: dict | None) -> list[str]:

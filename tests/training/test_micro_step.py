@@ -1,0 +1,154 @@
+"""The micro-step (training/micro_step.py): `cuda_graphs: true` refused with one line wherever a graph cannot run,
+the in-place gradient zeroing a graph needs trains exactly what freeing the gradients trains, and, on a GPU, the
+graph's replays train what eager micro-steps train, dropout included, and resume exactly."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from codeparrot.errors import CodeParrotError
+from codeparrot.training.config import TrainConfig
+from codeparrot.training.loss import FinalNormOutput, FusedHead
+from codeparrot.training.micro_step import MicroStep, graph_refusal, resolve_cuda_graphs
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _accelerator(device="cuda", processes=1, distributed=DistributedType.NO, precision="bf16"):
+    """What `graph_refusal` reads of an Accelerator, for a device this machine may not have."""
+    return SimpleNamespace(device=torch.device(device), num_processes=processes, distributed_type=distributed,
+                           mixed_precision=precision)
+
+
+@pytest.mark.parametrize(("cfg", "accelerator", "reason"), [
+    ({}, _accelerator("cpu"), "need a CUDA device (this run is on cpu)"),
+    ({}, _accelerator(processes=2, distributed=DistributedType.MULTI_GPU), "one process only (2 here)"),
+    ({}, _accelerator(distributed=DistributedType.FSDP), "do not run under FSDP"),
+    ({"fused_loss": False}, _accelerator(), "need the fused loss"),
+    ({"gradient_checkpointing": True}, _accelerator(), "do not run with gradient_checkpointing"),
+    ({}, _accelerator(precision="fp16"), "do not run under fp16"),
+], ids=["cpu", "two-processes", "fsdp", "hf-loss", "checkpointing", "fp16"])
+def test_cuda_graphs_are_refused_in_one_line_where_they_cannot_run(cfg, accelerator, reason):
+    cfg = TrainConfig(cuda_graphs=True, **cfg)
+    assert reason in graph_refusal(cfg, accelerator)
+    with pytest.raises(CodeParrotError, match="^cuda_graphs: true: .*; set --cuda_graphs false$") as err:
+        resolve_cuda_graphs(cfg, accelerator)
+    assert "\n" not in str(err.value)
+    for off in (None, False):  # the default and an explicit false: eager, whatever the run
+        assert resolve_cuda_graphs(TrainConfig(cuda_graphs=off), accelerator) is False
+
+
+def test_a_single_bf16_or_fp32_cuda_process_may_use_them():
+    for precision in ("bf16", "no"):
+        accelerator = _accelerator(precision=precision)
+        assert graph_refusal(TrainConfig(cuda_graphs=True), accelerator) is None
+        assert resolve_cuda_graphs(TrainConfig(cuda_graphs=True), accelerator) is True
+
+
+def _tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=128, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+def test_zeroing_gradients_in_place_trains_what_freeing_them_trains():
+    """What a graph needs of the loop (gradients zeroed in place, the captured backward adding into them, so the
+    first micro-step computes 0 + g) trains bit for bit what the eager loop (gradients freed) trains: three AdamW
+    steps of two micro-steps each, the fused loss."""
+    from accelerate import Accelerator
+
+    batches = torch.randint(0, 128, (6, 4, 24), generator=torch.Generator().manual_seed(3))  # 6 × [B, T]
+    assert MicroStep(None, None, None, graphs=True).keeps_gradients  # what the loop asks before zeroing
+    results = []
+    for in_place in (False, True):
+        model = _tiny_gpt2()
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run = MicroStep(accelerator, model, FusedHead(model.get_output_embeddings().weight,
+                                                      final_norm=FinalNormOutput(model)))
+        losses = []
+        for step in range(3):
+            for micro in range(2):
+                losses.append(run(batches[2 * step + micro]))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=not in_place)
+        assert all((p.grad is not None) is in_place for p in model.parameters())
+        results.append((torch.stack(losses), {n: p.detach().clone() for n, p in model.named_parameters()}))
+    (eager_losses, eager_weights), (kept_losses, kept_weights) = results
+    assert torch.equal(eager_losses, kept_losses)
+    assert list(eager_weights) == list(kept_weights)
+    for name, value in eager_weights.items():
+        assert torch.equal(value, kept_weights[name]), name
+    assert not torch.equal(eager_weights["transformer.h.0.attn.c_attn.weight"],
+                           _tiny_gpt2().transformer.h[0].attn.c_attn.weight)  # it trained
+
+
+# ------------------------------------------------------------------------------------------- on a GPU
+@pytest.fixture(scope="module")
+def dropout_toy(tmp_path_factory, stdlib_texts):
+    from codeparrot.tools.toy_run import build_toy_run
+
+    return build_toy_run(tmp_path_factory.mktemp("graphs"), stdlib_texts[:80], vocab_size=512, n_layer=4,
+                         resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+
+
+def _train_losses(toy, name: str, graphs: bool, steps: int = 8, resume: str | None = None, **extra) -> list[float]:
+    from accelerate.state import AcceleratorState, GradientState
+
+    from codeparrot.training.train import train
+
+    cfg = toy.config(max_steps=steps, run_name=name, output_dir=str(toy.root / "runs" / name), cuda_graphs=graphs,
+                     mixed_precision="bf16", **{"batch.micro_batch_size": 4, "batch.gradient_accumulation_steps": 2,
+                                                "logging.log_steps": 1, "checkpoint.save_steps": 4, **extra})
+    try:
+        train(cfg, resume=resume)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    lines = (toy.root / "runs" / name / "metrics.jsonl").read_text().splitlines()
+    return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
+
+
+@pytest.mark.gpu
+def test_graph_replays_train_what_eager_micro_steps_train(dropout_toy):
+    """Dropout 0.1, compiled blocks, bf16, accumulation 2: 3 eager warm-up micro-steps, then replays. The same
+    kernels draw the same random numbers from the same generator offsets, so the losses agree with eager ones."""
+    eager = _train_losses(dropout_toy, "eager", graphs=False)
+    graphed = _train_losses(dropout_toy, "graphed", graphs=True)
+    assert len(graphed) == len(eager) == 8
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_graphed_run_resumes_exactly(dropout_toy):
+    """A fresh run folder holding only the step-4 checkpoint of a graphed run resumes (warm-up and capture again):
+    steps 5-8 have the uninterrupted graphed run's losses, bit for bit."""
+    whole = _train_losses(dropout_toy, "whole", graphs=True)
+    checkpoint = pathlib.Path("checkpoints", "step-4")
+    shutil.copytree(dropout_toy.root / "runs" / "whole" / checkpoint, dropout_toy.root / "runs" / "cut" / checkpoint)
+    resumed = _train_losses(dropout_toy, "cut", graphs=True, resume="auto")
+    assert resumed == whole[-4:]
+
+
+@pytest.mark.gpu
+def test_a_batch_of_another_shape_after_the_capture_is_refused():
+    from accelerate import Accelerator
+
+    model = _tiny_gpt2().cuda()
+    head = FusedHead(model.get_output_embeddings().weight, final_norm=FinalNormOutput(model))
+    run = MicroStep(Accelerator(), model, head, graphs=True, warmup_micro_steps=1)
+    batch = torch.randint(0, 128, (4, 24), device="cuda")
+    for _ in range(3):  # warm-up, capture + replay, replay
+        run(batch)
+        model.zero_grad(set_to_none=False)
+    with pytest.raises(CodeParrotError, match=r"shape \(2, 24\) after the graph was captured for \(4, 24\)"):
+        run(batch[:2])
