@@ -120,6 +120,9 @@ GPU_COMMANDS = [
      "summary line (median after the warm-up window) and runs/gpu-200/throughput.json", gpu_train("gpu-200")),
     ("the same in eager mode (no torch.compile of the blocks or the loss), to see what compiling is worth",
      gpu_train("gpu-200-eager", " --compile false --compile_loss false")),
+    ("the same with each micro-step replayed from one CUDA graph (cuda_graphs: true): its tokens/s against the "
+     "first command's, and its losses (metrics.jsonl) against the first run's",
+     gpu_train("gpu-200-graphs", " --cuda_graphs true")),
     ("a profile of steps 50-51 (TensorBoard, runs/gpu-200-profile/tensorboard/profile)",
      gpu_train("gpu-200-profile", " --profile-steps 50:51")),
     ("a short real run: loss curve, validation loss, checkpoints pushed to branch gpu-10min, then pass@k",

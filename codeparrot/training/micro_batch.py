@@ -11,7 +11,8 @@ How "fits" is decided (`memory_test_for`):
   moments allocated before the first measured step (the steady state of step 2 onwards) and, under DDP, one more
   fp32 parameter-sized buffer for its gradient buckets. A candidate fits when its step raises no out-of-memory
   error and its peak reserved memory stays within CUDA_MEMORY_FRACTION of the device (the rest: the compiled
-  kernels' workspaces, NCCL buffers, the allocator's fragmentation over a long run). Eager, not compiled (a
+  kernels' workspaces, NCCL buffers, the allocator's fragmentation over a long run; CUDA_GRAPH_MEMORY_FRACTION
+  with `cuda_graphs: true`, whose graph keeps a micro-step's memory apart). Eager, not compiled (a
   compile per candidate would cost minutes; inductor usually saves fewer activations than eager mode), and under
   FSDP the copy is unsharded: the measure errs on the safe side. An OOM is caught, the step's memory freed, and
   a smaller candidate tried.
@@ -54,6 +55,9 @@ from codeparrot.training.optim import build_optimizer
 
 PROBE_SECONDS = 120.0  # no upward trial starts after this; the largest candidate proven to fit wins
 CUDA_MEMORY_FRACTION = 0.90  # of the device's memory, for the measured peak (reserved) of one training step
+# With cuda_graphs the graph's private pool holds one micro-step's activations for the whole run, without the
+# expandable segments the rest of the run allocates from, and evaluation cannot reuse that memory: a wider margin.
+CUDA_GRAPH_MEMORY_FRACTION = 0.80
 RAM_FRACTION = 0.5  # of the available RAM, shared by this node's processes (CPU rule)
 BACKWARD_FACTOR = 2  # CPU rule: activations × this covers the backward pass's transient buffers
 RECORD_FILE = "micro_batch.json"
@@ -207,12 +211,13 @@ def cuda_memory_test(cfg: TrainConfig, accelerator, model_dir: Path) -> MemoryTe
     if accelerator.distributed_type == DistributedType.MULTI_GPU:  # DDP keeps a second fp32 copy of the gradients
         held = (torch.empty(sum(p.numel() for p in model.parameters()), dtype=torch.float32, device=device),)
     total = torch.cuda.get_device_properties(device).total_memory
+    fraction = CUDA_GRAPH_MEMORY_FRACTION if cfg.cuda_graphs else CUDA_MEMORY_FRACTION
     memory = (lambda: torch.cuda.reset_peak_memory_stats(device), lambda: torch.cuda.max_memory_reserved(device))
-    probe = StepProbe(model, optimizer, head, cfg.data.seq_length, accelerator.autocast, CUDA_MEMORY_FRACTION * total,
-                      memory, held)
+    probe = StepProbe(model, optimizer, head, cfg.data.seq_length, accelerator.autocast, fraction * total, memory,
+                      held)
     rule = (f"real training steps on {device} ({torch.cuda.get_device_name(device)}, eager, "
             f"{accelerator.mixed_precision} autocast{', DDP buckets' if held else ''}), peak within "
-            f"{CUDA_MEMORY_FRACTION:.0%} of {_size(total)}")
+            f"{fraction:.0%} of {_size(total)}{' (CUDA graphs: a wider margin)' if cfg.cuda_graphs else ''}")
     return MemoryTest(probe, rule, probe.release)
 
 

@@ -25,8 +25,13 @@ How (PyTorch's whole-network capture, with gradient accumulation):
 
 Where it is refused (`graph_refusal`, a one-line error before any compute when asked for): not CUDA; several
 processes (the gradient all-reduce inside the backward pass is not captured); FSDP/DeepSpeed; the model's own
-loss instead of the fused one; gradient checkpointing (its recompute saves and restores the RNG state from the
-host); fp16 (the gradient scaler's checks). Micro-batches must all have the same shape (training batches do).
+loss instead of the fused one; an attention other than `causal_sdpa` (transformers builds the mask differently
+while a stream is capturing: another graph than the warm-up's, and flash-attention-2 reads a number on the host);
+gradient checkpointing (its recompute reads the RNG state on the host); fp16 (the gradient scaler's checks);
+whole-model compilation in a mode that makes CUDA graphs of its own (`reduce-overhead`, `max-autotune`).
+Micro-batches must all have the same shape (training batches do). Memory: the graph's pool keeps one
+micro-step's activations for the whole run, outside the expandable segments the rest of the run uses, so
+`micro_batch_size: auto` leaves a larger margin with graphs (micro_batch.py).
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, DynamoBackend
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.training.causal_attention import CAUSAL_SDPA
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.loss import forward_loss
 
@@ -54,10 +60,18 @@ def graph_refusal(cfg: TrainConfig, accelerator) -> str | None:
         return f"CUDA graphs do not run under {accelerator.distributed_type.value}"
     if not cfg.fused_loss:
         return "CUDA graphs need the fused loss (fused_loss: true)"
+    if cfg.attn_implementation != CAUSAL_SDPA:
+        return (f"CUDA graphs need attn_implementation: {CAUSAL_SDPA} (with {cfg.attn_implementation} transformers "
+                f"builds the attention mask differently while capturing)")
     if cfg.gradient_checkpointing:
         return "CUDA graphs do not run with gradient_checkpointing (its recompute reads the RNG state on the host)"
     if accelerator.mixed_precision == "fp16":
         return "CUDA graphs do not run under fp16 (the gradient scaler checks on the host); use bf16"
+    dynamo = getattr(getattr(accelerator, "state", None), "dynamo_plugin", None)
+    if dynamo is not None and dynamo.backend != DynamoBackend.NO and dynamo.mode in ("reduce-overhead",
+                                                                                      "max-autotune"):
+        return (f"CUDA graphs cannot contain the graphs of whole-model compilation in mode {dynamo.mode!r} "
+                f"(ACCELERATE_DYNAMO_MODE)")
     return None
 
 
@@ -131,7 +145,7 @@ class MicroStep:
                                   f"(first: {missing[0]}): zero gradients in place (MicroStep.keeps_gradients) "
                                   f"and train every parameter")
         self.static_batch = batch.clone()
-        self.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         # The graph gets a memory pool of its own, kept for the run: first hand the warm-up's cached activation
         # blocks back, so the card does not hold a micro-step's activations twice (micro_batch_size auto fills it).
         torch.cuda.synchronize()
@@ -139,10 +153,16 @@ class MicroStep:
 
         def record() -> torch.Tensor:
             # thread_local: the DataLoader's pin-memory thread may allocate pinned host memory meanwhile
-            with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
                 return self._eager(self.static_batch)
 
-        self.static_loss = self._on_capture_stream(record)
+        try:
+            self.static_loss = self._on_capture_stream(record)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # what a capture raises (CUDA, allocator)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CodeParrotError(f"cuda_graphs: capturing the micro-step failed ({first}); train with "
+                                  f"--cuda_graphs false") from err
+        self.graph = graph
 
     def describe(self) -> str:
         if not self.graphs:

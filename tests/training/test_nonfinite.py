@@ -23,14 +23,14 @@ pytestmark = pytest.mark.slow(60)  # training launches: first in `make test`'s o
 # Run as the training script, with the loss of the given (1-based) forward calls of one rank turned into NaN:
 # a batch that blows up, as a corrupt record or an overflow would.
 POISON = """import os, runpy, sys
-import codeparrot.training.train as train
-real, calls = train.forward_loss, [0]
+import codeparrot.training.micro_step as micro_step
+real, calls = micro_step.forward_loss, [0]
 def poisoned(model, head, batch):
     calls[0] += 1
     loss = real(model, head, batch)
     bad = os.environ.get("RANK", "0") == os.environ["POISON_RANK"] and calls[0] in {CALLS}
     return loss * float("nan") if bad else loss
-train.forward_loss = poisoned
+micro_step.forward_loss = poisoned
 sys.argv = ["scripts/train.py", *sys.argv[1:]]
 runpy.run_path("scripts/train.py", run_name="__main__")
 """
@@ -86,16 +86,16 @@ def _poisoned_run(toy, tmp_path, repo_root, scripts_env, calls, rank, launcher, 
 
 def _poison_here(monkeypatch, calls) -> None:
     """The POISON script's patch, in this process (one process: rank 0)."""
-    import codeparrot.training.train as train_module
+    import codeparrot.training.micro_step as micro_step_module
 
-    real, count = train_module.forward_loss, [0]
+    real, count = micro_step_module.forward_loss, [0]
 
     def poisoned(model, head, batch):
         count[0] += 1
         loss = real(model, head, batch)
         return loss * float("nan") if count[0] in set(calls) else loss
 
-    monkeypatch.setattr(train_module, "forward_loss", poisoned)
+    monkeypatch.setattr(micro_step_module, "forward_loss", poisoned)
     monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "1")
 
 
