@@ -77,10 +77,11 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     shape = dummy_shape
     while max_steps < 0 or steps < max_steps:
         batch = next(iterator, None)
-        has_data = torch.tensor([0 if batch is None else 1], device=device)
-        if accelerator.num_processes > 1:
-            has_data = accelerator.reduce(has_data, reduction="sum")
-        if int(has_data.item()) == 0:  # every process has run out
+        if accelerator.num_processes > 1:  # one host read per step: every process must agree to go on
+            has_data = torch.tensor([0 if batch is None else 1], device=device)
+            if int(accelerator.reduce(has_data, reduction="sum").item()) == 0:  # every process has run out
+                break
+        elif batch is None:  # one process: known on the host, no device round trip (a GPU sync per batch)
             break
         if batch is not None:
             sequences += batch.shape[0]

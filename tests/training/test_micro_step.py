@@ -20,6 +20,8 @@ from codeparrot.training.config import TrainConfig
 from codeparrot.training.loss import FinalNormOutput, FusedHead
 from codeparrot.training.micro_step import MicroStep, graph_refusal, resolve_cuda_graphs
 
+from ..host_reads import HostReads
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -99,6 +101,33 @@ def test_zeroing_gradients_in_place_trains_what_freeing_them_trains():
         assert torch.equal(value, kept_weights[name]), name
     assert not torch.equal(eager_weights["transformer.h.0.attn.c_attn.weight"],
                            _tiny_gpt2().transformer.h[0].attn.c_attn.weight)  # it trained
+
+
+def test_the_training_micro_step_reads_nothing_on_the_host(tmp_path):
+    """The model as `load_model` loads it for training: forward, fused loss and backward of a micro-batch whose
+    rows start and end with the pad id (EOS in CodeParrot's tokenizers) read no value on the host, so nothing
+    stalls the GPU's queue and the micro-step can be captured. transformers' padding check would, on every forward
+    (`pad_token_id in input_ids[:, [-1, 0]]`; repository/model.py turns it off)."""
+    from accelerate import Accelerator
+
+    from codeparrot.training.model_io import load_model
+
+    _tiny_gpt2().save_pretrained(tmp_path)
+    model = load_model(TrainConfig(), tmp_path)
+    assert model.config.pad_token_id is None or model.config.pad_token_id == 0
+    model.config.pad_token_id = 0
+    batch = torch.randint(1, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch[:, 0] = batch[:, -1] = 0
+    run = MicroStep(Accelerator(cpu=True), model, FusedHead(model.get_output_embeddings().weight, torch.bfloat16,
+                                                            final_norm=FinalNormOutput(model)))
+    with HostReads() as reads:
+        run(batch)
+    assert reads.count == 0
+    stock = _tiny_gpt2()  # transformers' check left in place: the read this test exists for
+    stock.config.pad_token_id = 0
+    with HostReads() as reads:
+        stock(input_ids=batch, use_cache=False)
+    assert reads.count >= 1
 
 
 def test_a_failed_capture_is_one_line_and_leaves_no_graph(monkeypatch):

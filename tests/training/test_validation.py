@@ -1,0 +1,46 @@
+"""The evaluation pass on one process (multi-process evaluation is in test_distributed.py and test_train.py): the
+plain token mean over the whole split, one shape for every forward, and no value read on the host until the end."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from codeparrot.training.loss import IGNORE_INDEX
+from codeparrot.training.validation import evaluate, pad_rows
+
+from ..host_reads import HostReads
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_one_process_evaluates_the_split_reading_the_host_only_for_the_totals():
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=128,
+                                       bos_token_id=0, eos_token_id=0))
+    split = list(torch.randint(0, 128, (7, 24), generator=torch.Generator().manual_seed(1)).split(3))  # 3, 3, 1
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(
+        tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    with HostReads() as reads:
+        result = evaluate(model, split, SimpleNamespace(device=torch.device("cpu"), num_processes=1))
+    hook.remove()
+    assert model.training  # evaluation put it back in training mode
+    everything = torch.cat(split)
+    with torch.no_grad():
+        model.eval()  # no dropout, as in evaluation
+        expected = model(input_ids=everything, labels=everything, use_cache=False).loss
+    assert (result.sequences, result.tokens, result.batches, result.seq_length) == (7, 7 * 23, 3, 24)
+    assert result.loss == pytest.approx(expected.item(), rel=1e-5)
+    assert shapes == [(3, 24)] * 3  # the last batch padded to the others' shape
+    assert reads.count == 3  # the totals at the end (loss, tokens, sequences: one .tolist()); none per batch
+
+
+def test_padding_rows_are_masked_tokens():
+    ids = torch.tensor([[5, 6, 7]])
+    padded, labels = pad_rows(ids, 3)
+    assert padded.tolist() == [[5, 6, 7], [0, 0, 0], [0, 0, 0]]
+    assert labels.tolist() == [[5, 6, 7], [IGNORE_INDEX] * 3, [IGNORE_INDEX] * 3]
