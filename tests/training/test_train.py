@@ -301,6 +301,31 @@ def test_gradient_accumulation_is_equivalent(toy):
     assert not torch.allclose(initial["transformer.h.0.mlp.c_fc.weight"], weights[0]["transformer.h.0.mlp.c_fc.weight"])
 
 
+def test_steps_between_log_lines_read_nothing_on_the_host(toy):
+    """A run of 8 steps reads exactly as many values on the host as a run of 4 (set-up, the one log line, the
+    summary): the steps themselves (micro-steps with accumulation, clipping, the non-finite guard, fused AdamW as
+    on CUDA, the schedule) read none. On a GPU each read is a sync that empties the queue the CPU keeps ahead of
+    the GPU; this holds the loop to none between log steps."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from ..host_reads import HostReads
+
+    counts = []
+    for steps in (4, 8):
+        cfg = toy.config(run_name=f"reads{steps}", max_steps=steps, **{
+            "output_dir": str(toy.root / "runs" / f"reads{steps}"), "data.valid": "", "checkpoint.push": False,
+            "checkpoint.save_steps": 0, "batch.micro_batch_size": 2, "batch.gradient_accumulation_steps": 2,
+            "logging.log_steps": steps, "optim.fused": True})
+        try:
+            with HostReads() as reads:
+                _train(cfg)
+        finally:
+            AcceleratorState._reset_state(True)
+            GradientState._reset_state()
+        counts.append(reads.count)
+    assert counts[0] == counts[1] > 0
+
+
 def test_inspect_batches_shows_real_text_with_boundaries(toy, capsys, stdlib_texts, tmp_path):
     from codeparrot.tools.toy_run import write_shards
 
