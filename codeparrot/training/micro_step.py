@@ -87,7 +87,7 @@ def resolve_cuda_graphs(cfg: TrainConfig, accelerator) -> bool:
 
 
 class MicroStep:
-    """`step(batch)`: forward, loss and backward of one micro-batch [B, T] (token ids on the device; the loss is
+    """`micro_step(batch)`: forward, loss and backward of one micro-batch [B, T] (token ids on the device; the loss is
     divided by the accumulation, as `accelerator.backward` does); returns its mean loss, a 0-d device tensor the
     caller may keep. With `graphs`, replayed from a CUDA graph after the warm-up (module docstring)."""
 
