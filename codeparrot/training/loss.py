@@ -118,10 +118,34 @@ def chunk_softmax(logits: torch.Tensor, safe_t: torch.Tensor, need_exps: bool):
     return ce, (exps.to(logits.dtype) if need_exps else None), row_sum
 
 
+def _training_chunk_softmax(logits: torch.Tensor, safe_t: torch.Tensor):
+    """`chunk_softmax` keeping exp(logits − max) for the gradients (compiled_chunk_softmax)."""
+    return chunk_softmax(logits, safe_t, True)
+
+
+def _evaluation_chunk_softmax(logits: torch.Tensor, safe_t: torch.Tensor):
+    """`chunk_softmax` without gradients (compiled_chunk_softmax)."""
+    return chunk_softmax(logits, safe_t, False)
+
+
 @functools.cache
-def compiled_chunk_softmax():
-    """`chunk_softmax` under torch.compile, built once per process (the last, shorter chunk compiles once more)."""
-    return torch.compile(chunk_softmax, dynamic=False)
+def compiled_chunk_softmax(need_exps: bool):
+    """`chunk_softmax` under torch.compile, built once per process: one compiled function for training chunks and
+    one for evaluation chunks. Their code objects differ, so each keeps its own graphs and neither is a recompile
+    of the other (as the blocks' training and evaluation calls, regional_compile.py). Static shapes: with
+    `balanced_chunk_rows` the recipe's micro-batches (B × 1,023 rows) split into equal chunks, one graph each;
+    other row counts compile their last, shorter chunk once more."""
+    return torch.compile(_training_chunk_softmax if need_exps else _evaluation_chunk_softmax, dynamic=False)
+
+
+def balanced_chunk_rows(rows: int, chunk_rows: int) -> int:
+    """The chunk size, at most `chunk_rows`, that splits `rows` into as many chunks as `chunk_rows` would, as evenly
+    as possible (12 × 1,023 rows at 8,192: 2 × 6,138 instead of 8,192 + 4,084). Equal chunks mean one compiled
+    shape for the softmax passes, and no small last chunk that keeps the GPU half busy."""
+    if rows <= chunk_rows:
+        return max(rows, 1)
+    chunks = -(-rows // chunk_rows)
+    return -(-rows // chunks)
 
 
 def _eager_chunk_softmax(logits: torch.Tensor, safe_t: torch.Tensor, need_exps: bool):
@@ -145,7 +169,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
-        softmax = compiled_chunk_softmax() if compiled else _eager_chunk_softmax
+        softmax = (compiled_chunk_softmax(need_grad) if compiled  # (logits, safe_t) -> (ce, exps or None, sums)
+                   else functools.partial(_eager_chunk_softmax, need_exps=need_grad))
+        chunk_rows = balanced_chunk_rows(hidden.shape[0], chunk_rows)
         with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit below
             for start in range(0, hidden.shape[0], chunk_rows):
                 h = hidden[start : start + chunk_rows].to(dtype)  # [c, D]
@@ -153,7 +179,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 valid = t != IGNORE_INDEX
                 safe_t = torch.where(valid, t, 0)
                 logits = torch.matmul(h, w.t())  # [c, V] in the compute dtype
-                ce, exps, row_sum = softmax(logits, safe_t, need_grad)  # exps: exp(logits − row max)
+                ce, exps, row_sum = softmax(logits, safe_t)  # exps: exp(logits − row max)
                 loss += (ce * valid).sum()
                 if not need_grad:
                     continue

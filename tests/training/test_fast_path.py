@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 import transformers.masking_utils as masking_utils
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.activations import ACT2FN
@@ -14,7 +15,7 @@ from transformers.activations import ACT2FN
 from codeparrot.repository.model import load_pretrained_model
 from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
 from codeparrot.training.regional_compile import compile_blocks
-from codeparrot.training.loss import FinalNormOutput, FusedHead, causal_lm_loss, chunk_softmax
+from codeparrot.training.loss import FinalNormOutput, FusedHead, balanced_chunk_rows, causal_lm_loss, chunk_softmax
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -200,7 +201,7 @@ def test_compiled_fused_loss_matches_the_hugging_face_loss(dtype):
     for name, head in (("compiled", FusedHead(model.lm_head.weight, dtype, compiled=True)),
                        ("eager", FusedHead(model.lm_head.weight, dtype))):
         model.zero_grad()
-        loss_sum, count = causal_lm_loss(model, head, x, chunk_rows=50)  # 3 chunks, the last one shorter
+        loss_sum, count = causal_lm_loss(model, head, x, chunk_rows=50)  # 141 rows: 3 chunks of 47
         (loss_sum / count).backward()
         results[name] = (loss_sum / count, [p.grad.clone() for p in model.parameters()])
     model.zero_grad()
@@ -216,6 +217,36 @@ def test_compiled_fused_loss_matches_the_hugging_face_loss(dtype):
     for g, g_hf, g_eager in zip(grads, hf_grads, results["eager"][1]):
         torch.testing.assert_close(g, g_eager, **tol)
         torch.testing.assert_close(g, g_hf, rtol=tol["rtol"], atol=max(tol["atol"], 1e-5) * 5)
+
+
+def test_the_compiled_loss_compiles_once_for_training_and_once_for_evaluation():
+    """A training step, an evaluation pass (no_grad) and another step through the compiled softmax passes: two
+    graphs and no recompile. The rows split into equal chunks (before: 64 + 36 here, a second shape), and
+    evaluation has a compiled function of its own (before: the same function, guarded on keeping exps)."""
+    assert balanced_chunk_rows(12 * 1023, 8192) == 6138 and balanced_chunk_rows(48 * 1023, 8192) == 8184
+    assert balanced_chunk_rows(101, 50) == 34 and balanced_chunk_rows(30, 50) == 30  # 34 + 34 + 33; one chunk
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_gpt2(CAUSAL_SDPA, seed=2)
+    head = FusedHead(model.lm_head.weight, torch.float32, compiled=True)
+    x = batch(rows=4, length=26)  # 4 × 25 = 100 predicted tokens: 2 chunks of 50 at chunk_rows 64
+    losses = []
+    try:
+        with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+            for grad in (True, False, True):
+                with torch.set_grad_enabled(grad):
+                    loss_sum, count = causal_lm_loss(model, head, x, chunk_rows=64)
+                if grad:
+                    (loss_sum / count).backward()
+                losses.append(loss_sum.detach() / count)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert graphs == 2
+    assert torch.equal(losses[0], losses[1]) and torch.equal(losses[1], losses[2])  # the same weights each time
+    with torch.no_grad():
+        expected = model(input_ids=x, labels=x, use_cache=False).loss
+    torch.testing.assert_close(losses[0], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_blocks_compiled_in_place_keep_the_model_plain_under_ddp(tmp_path):
