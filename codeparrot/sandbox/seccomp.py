@@ -152,6 +152,10 @@ ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RE
 _NR, _ARCH = 0, 4
 
 
+# Calls allowed only with one argument among a list: name -> (argument index, allowed values).
+ONE_OF = {"ioctl": (1, IOCTLS), "madvise": (2, MADVICE)}
+
+
 def _arg(i: int) -> int:
     return 16 + 8 * i  # low 32 bits of argument i (little-endian)
 
@@ -232,8 +236,8 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
         p.label("native_nr")
     plain = sorted(numbers[n] for n in ALLOWED | (SPAWNING if spawning else frozenset()) if n in numbers)
     restricted = [("mmap", "mmap"), ("mprotect", "noexec"), ("clone", "clone"), ("socketpair", "socketpair"),
-                  ("ioctl", "ioctl"), ("fcntl", "fcntl"), ("prlimit64", "self_or_zero"), ("futex", "futex"),
-                  ("madvise", "madvise")]
+                  ("ioctl", "one_of"), ("fcntl", "fcntl"), ("prlimit64", "self_or_zero"), ("futex", "futex"),
+                  ("madvise", "one_of")]
     restricted += [(n, "self" if foreign_signals else "allow") for n in SIGNALS]
     # A binary search over the syscall numbers (about 8 comparisons whichever the call): the kernel runs the
     # filter on restricted calls, and at install time for every number (its cache of always-allowed
@@ -265,10 +269,11 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
         elif kind == "socketpair":
             p.emit(_LD, _arg(0))
             p.emit(_JEQ, AF_UNIX, jt="allow", jf="eperm")
-        elif kind == "ioctl":
-            p.emit(_LD, _arg(1))
-            for request in IOCTLS:
-                p.emit(_JEQ, request, jt="allow")
+        elif kind == "one_of":  # the call's argument is one of a list (ONE_OF)
+            index, values = ONE_OF[name]
+            p.emit(_LD, _arg(index))
+            for value in values:
+                p.emit(_JEQ, value, jt="allow")
             p.emit(_JA, "eperm")
         elif kind == "fcntl":
             p.emit(_LD, _arg(1))
@@ -282,11 +287,6 @@ def build(pid: int, foreign_signals: bool, spawning: bool, exec_files: bool, mac
             p.emit(_JSET, FUTEX_PRIVATE_FLAG, jt="allow")
             for op in FUTEX_SHARED_WAITS:
                 p.emit(_JEQ, op, jt="allow")
-            p.emit(_JA, "eperm")
-        elif kind == "madvise":
-            p.emit(_LD, _arg(2))
-            for advice in MADVICE:
-                p.emit(_JEQ, advice, jt="allow")
             p.emit(_JA, "eperm")
         elif kind == "self":
             p.emit(_LD, _arg(0))
