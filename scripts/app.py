@@ -11,7 +11,7 @@ Gradio's analytics and version check are off, there is no share link, and it lis
 from __future__ import annotations
 
 from codeparrot.app.config import AppConfig
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 
 

@@ -10,7 +10,7 @@ import sys
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != _HERE]
 
-from codeparrot.config import parse_config  # noqa: E402
+from codeparrot.config_flags import parse_config  # noqa: E402
 from codeparrot.errors import run_cli  # noqa: E402
 from codeparrot.tools.bench import BenchConfig, run  # noqa: E402
 

@@ -14,7 +14,7 @@ held before. `plot` uses the losses pushed with the checkpoints, or computes the
 
 from __future__ import annotations
 
-from codeparrot.config import parse_subcommand
+from codeparrot.config_flags import parse_subcommand
 from codeparrot.errors import run_cli
 from codeparrot.tools.checkpoints import COMMANDS
 

@@ -7,7 +7,7 @@ generations -> HumanEval on a handful of tasks -> summary. Finished stages are r
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.tools.demo import DemoConfig, run_demo
 

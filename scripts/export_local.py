@@ -9,7 +9,7 @@ BigQuery writes them). DIR is written atomically: an interrupted export leaves n
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.data.export import ExportConfig, run_export
 from codeparrot.errors import run_cli
 

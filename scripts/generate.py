@@ -17,7 +17,7 @@ the FIM tokens.
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.inference.config import GenerateConfig
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.tools.gpu_check.config import GpuCheckConfig
 

@@ -4,7 +4,7 @@ pretokenize; finished stages are reused unless --fresh). `make gpu-data` runs it
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.tools.gpu_data import GpuDataConfig, run_gpu_data
 

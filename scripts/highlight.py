@@ -10,7 +10,7 @@ also printed here.
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.inference.config import HighlightConfig
 

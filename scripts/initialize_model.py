@@ -10,7 +10,8 @@ the weights (model.safetensors), the tokenizer and the preset (model_config.yaml
 
 from __future__ import annotations
 
-from codeparrot.config import config_from_args, config_parser, describe
+from codeparrot.config import describe
+from codeparrot.config_flags import config_from_args, config_parser
 from codeparrot.errors import run_cli
 from codeparrot.repository.initialize import InitializeConfig, run_initialize
 from codeparrot.repository.model import ModelConfig

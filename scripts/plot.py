@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from codeparrot.config import parse_subcommand
+from codeparrot.config_flags import parse_subcommand
 from codeparrot.errors import run_cli
 from codeparrot.tools.plot_commands import PLOT_COMMANDS
 

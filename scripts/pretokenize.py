@@ -13,7 +13,7 @@ again resumes from it; a folder already holding this data tokenized by this toke
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.training.config import PretokenizeConfig
 

@@ -13,7 +13,7 @@ flight finish (--shutdown-timeout) and exits. Editor set-up (llm-vscode, Continu
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.serving.config import ServeConfig
 

@@ -9,7 +9,7 @@ token it achieves on the validation split. `AutoTokenizer.from_pretrained(OUTPUT
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
 

@@ -9,7 +9,7 @@ The loss is token-weighted (sum of next-token cross-entropies / predicted tokens
 
 from __future__ import annotations
 
-from codeparrot.config import parse_config
+from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.training.config import ValidationLossConfig
 

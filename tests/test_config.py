@@ -7,16 +7,8 @@ from typing import Literal, Optional
 
 import pytest
 
-from codeparrot.config import (
-    REQUIRED,
-    config_parser,
-    describe,
-    doc,
-    load_config,
-    parse_config,
-    parse_overrides,
-    to_dict,
-)
+from codeparrot.config import REQUIRED, describe, doc, load_config, parse_overrides, to_dict
+from codeparrot.config_flags import config_parser, parse_config
 from codeparrot.errors import CodeParrotError
 
 

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from codeparrot.config import doc, given_fields, parse_config
+from codeparrot.config import doc
+from codeparrot.config_flags import given_fields, parse_config
 from codeparrot.data.filters import FilterConfig
 from codeparrot.errors import CodeParrotError
 

@@ -1,6 +1,6 @@
 """HumanEval's settings: `SamplingConfig` (how completions are drawn) inside `HumanEvalConfig` (the whole run).
 
-scripts/human_eval.py's flags are generated from these fields (`codeparrot.config.parse_config`). Kept apart
+scripts/human_eval.py's flags are generated from these fields (`codeparrot.config_flags.parse_config`). Kept apart
 from `codeparrot.humaneval.generation` so that scoring saved completions and `--help` do not import torch.
 """
 

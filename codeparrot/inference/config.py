@@ -1,7 +1,7 @@
 """Settings of the interactive tools: `GenerateConfig` (scripts/generate.py) and `HighlightConfig`
 (scripts/highlight.py).
 
-The scripts' flags are generated from these fields (`codeparrot.config.parse_config`). Kept apart from
+The scripts' flags are generated from these fields (`codeparrot.config_flags.parse_config`). Kept apart from
 `completion.py` and `highlight.py` so that `--help` and a bad flag answer without importing torch.
 """
 

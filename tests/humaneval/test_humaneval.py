@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from codeparrot.config import config_from_args, config_parser
+from codeparrot.config_flags import config_from_args, config_parser
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.problems import load_problems, merge_samples, read_samples
