@@ -163,9 +163,6 @@ def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
     """`GPT2LMHeadModel.from_pretrained` on a model folder, a local checkpoint repository or a Hub id, with the
     attention implementation the preset chose (saved as `codeparrot_attn_implementation` in config.json).
     Extra keyword arguments (e.g. `dtype`) go to `from_pretrained`."""
-
-
-
     folder = resolve_model_dir(ref, revision)
     config_file = folder / "config.json"
     if not config_file.is_file():

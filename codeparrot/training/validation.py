@@ -134,8 +134,6 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
                     text_column: str = "content", num_workers: int = 0, mixed_precision: str | None = None) -> dict:
     """Loss and perplexity of a checkpoint (`model_ref` at `revision`) on `dataset`, on every process Accelerate
     launched (each takes its own shard). Returns the same summary dict on every process."""
-
-
     if batch_size <= 0 or (max_eval_steps == 0 or max_eval_steps < -1):
         raise CodeParrotError(f"batch size must be > 0 and max eval steps -1 or > 0, got {batch_size}, {max_eval_steps}")
     accelerator = Accelerator(mixed_precision=mixed_precision)
