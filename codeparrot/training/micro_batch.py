@@ -120,7 +120,7 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _is_oom(err: BaseException) -> bool:
+def is_out_of_memory(err: BaseException) -> bool:
     """An allocation failure: torch's OutOfMemoryError, or cuBLAS failing to allocate its workspace."""
     return isinstance(err, torch.OutOfMemoryError) or (
         isinstance(err, RuntimeError) and ("out of memory" in str(err) or "ALLOC_FAILED" in str(err)))
@@ -178,7 +178,7 @@ class StepProbe:
             self.step(b)
             error = None
         except (torch.OutOfMemoryError, RuntimeError) as err:
-            if not _is_oom(err):
+            if not is_out_of_memory(err):
                 raise
             error = "out of memory"
         self.free(collect=error is not None)  # outside the except block: the traceback's frames (and their

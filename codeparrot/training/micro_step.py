@@ -86,6 +86,21 @@ def resolve_cuda_graphs(cfg: TrainConfig, accelerator) -> bool:
     return True
 
 
+def capture_failure(err: BaseException) -> str:
+    """One line for a failed capture, led by its first cause: when an operation fails inside `torch.cuda.graph`,
+    leaving the block ends the capture, which raises again ("operation failed due to a previous error during
+    capture"), and the error that says what went wrong is the first one of the chain."""
+    chain, seen = [err], {id(err)}
+    while True:
+        inner = chain[-1].__cause__ or chain[-1].__context__
+        if inner is None or id(inner) in seen:
+            break
+        chain.append(inner)
+        seen.add(id(inner))
+    first = [(str(e).strip().splitlines() or [type(e).__name__])[0] for e in reversed(chain)]
+    return first[0] if len(first) == 1 else f"{first[0]}; then: {first[-1]}"
+
+
 class MicroStep:
     """`micro_step(batch)`: forward, loss and backward of one micro-batch [B, T] (token ids on the device; the loss is
     divided by the accumulation, as `accelerator.backward` does); returns its mean loss, a 0-d device tensor the
@@ -159,9 +174,8 @@ class MicroStep:
         try:
             self.static_loss = self._on_capture_stream(record)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # what a capture raises (CUDA, allocator)
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise CodeParrotError(f"cuda_graphs: capturing the micro-step failed ({first}); train with "
-                                  f"--cuda_graphs false") from err
+            raise CodeParrotError(f"cuda_graphs: capturing the micro-step failed ({capture_failure(err)}); train "
+                                  f"with --cuda_graphs false") from err
         self.graph = graph
 
     def describe(self) -> str:

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,22 +94,41 @@ def test_unknown_stage_is_a_one_line_error(repo_root, scripts_env):
         "attention, loss, train_step, end_to_end)"]
 
 
+def _proc_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat ('Z': exited, not yet reaped), or '' when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def test_end_to_end_runs_are_killed_when_the_stage_budget_is_spent(tmp_path):
     import time
 
     from codeparrot.tools.gpu_check.end_to_end import run_logged
 
+    # As `accelerate launch` runs train.py: a launcher process whose child does the work. Both must go.
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="stage time budget spent: train killed"):
-        run_logged([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "train.log", start + 2)
+        run_logged([sys.executable, "-c", launcher], tmp_path / "train.log", start + 3)
     assert time.monotonic() - start < 30
+    assert pid_file.is_file(), "the child never started: the test proves nothing"
+    child_pid = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered at once; its parent (killed too) no longer waits for it: init reaps it
+        if not Path(f"/proc/{child_pid}").exists() or "Z" in _proc_state(child_pid):
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child_pid}").exists() or "Z" in _proc_state(child_pid), "train.py's process survived"
     with pytest.raises(RuntimeError, match="budget spent before resume started"):
         run_logged([sys.executable, "-c", "pass"], tmp_path / "resume.log", time.monotonic() - 1)
 
 
 def test_headline_reads_the_batch_the_cli_chose_and_its_one_line_error(tmp_path):
     from codeparrot.tools.gpu_check.end_to_end import error_line
-    from codeparrot.tools.gpu_check.headline import chosen_batch, row_label
+    from codeparrot.tools.gpu_check.headline import chosen_batch, log_tail, row_label
 
     log, run_dir = tmp_path / "run.log", tmp_path / "run"
     run_dir.mkdir()
@@ -123,6 +143,8 @@ def test_headline_reads_the_batch_the_cli_chose_and_its_one_line_error(tmp_path)
     log.write_text("error: --batch.micro_batch_size: expected an integer, got 'auto'\nTraceback (most recent call "
                    "last):\n  ...\nsubprocess.CalledProcessError: Command '[...]' returned non-zero exit status 2.\n")
     assert error_line(log) == "error: --batch.micro_batch_size: expected an integer, got 'auto'"
+    log.write_text("".join(f"line {i}\n\n" for i in range(30)))  # the row keeps the end of a failed run's log
+    assert log_tail(log) == [f"line {i}" for i in range(10, 30)] and log_tail(tmp_path / "missing.log") == []
     log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     assert error_line(log) == "RuntimeError: boom"
 
@@ -133,7 +155,7 @@ def test_the_cuda_graph_row_runs_with_graphs_and_is_compared_with_its_eager_row(
     from codeparrot.tools.gpu_check.report import _headline
 
     shapes = shapes_for(GpuCheckConfig())
-    assert shapes.headline_micro_batches == ("12", "auto", "auto+graphs")
+    assert shapes.headline_micro_batches == ("auto", "auto+graphs", "12")  # the new figures first
     graphed = headline_command(shapes, tmp_path, tmp_path, tmp_path / "run", "auto+graphs", cuda=True)
     eager = headline_command(shapes, tmp_path, tmp_path, tmp_path / "run", "auto", cuda=True)
     assert graphed == eager + ["--cuda_graphs", "true"] and "--cuda_graphs" not in eager
@@ -153,10 +175,12 @@ def test_the_cuda_graph_row_runs_with_graphs_and_is_compared_with_its_eager_row(
     assert "speedup_vs_eager" not in rows[0] and "speedup_vs_eager" not in rows[1]
     assert "auto + CUDA graphs: 1.250× the eager row's tokens/s; largest logged-loss difference from it 0.05" in (
         "\n".join(_headline(rows)))
-    rows[2]["micro_batch"] = 24  # auto chose differently: other sequences per micro-step, losses not comparable
-    del rows[2]["loss_max_abs_diff_vs_eager"]
+    rows[2]["micro_batch"] = 24  # auto chose differently: another run, neither losses nor speed comparable
+    del rows[2]["loss_max_abs_diff_vs_eager"], rows[2]["speedup_vs_eager"]
     compare_with_eager(rows)
-    assert "loss_max_abs_diff_vs_eager" not in rows[2]
+    assert "loss_max_abs_diff_vs_eager" not in rows[2] and "speedup_vs_eager" not in rows[2]
+    assert "not compared with the eager row: auto chose micro-batch 24 with CUDA graphs and 48 without" in (
+        "\n".join(_headline(rows)))
 
 
 def test_largest_fitting_walks_up_while_it_fits_and_down_while_not():
@@ -177,6 +201,15 @@ def test_largest_fitting_walks_up_while_it_fits_and_down_while_not():
     assert walk(8, 64, 3) == (2, False, [8, 4, 2])  # down until one fits, never up again
     assert walk(8, 64, 0) == (0, False, [8, 4, 2, 1])  # nothing fits: the caller turns checkpointing on
     assert walk(8, 64, 100, budget=2) == (16, True, [8, 16])  # out of time: the largest proven so far
+
+
+def test_the_1_5b_measurement_falls_back_to_smaller_sizes_down_to_one():
+    from codeparrot.tools.gpu_check.large_model import measurement_sizes
+
+    assert measurement_sizes(8, [8]) == [8, 4, 2, 1]  # 8 fitted eagerly, compiled it may not: halves until one runs
+    assert measurement_sizes(16, [8, 16]) == [16, 8, 4, 2, 1]
+    assert measurement_sizes(2, [8, 4, 2]) == [2, 1]  # never a size larger than the chosen one
+    assert measurement_sizes(1, [1]) == [1]
 
 
 def test_kernel_names_are_shortened_to_what_tells_them_apart():

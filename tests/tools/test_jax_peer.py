@@ -122,3 +122,16 @@ def test_the_jax_peer_computes_the_recipe_s_losses_and_adamw_steps(attention):
         assert skip.mean() < 0.5 or name.endswith("['attn_b']"), f"{name}: too few gradients to compare"
         diff = np.abs(np.asarray(theirs) - np.asarray(ours))[~skip]
         assert diff.size == 0 or diff.max() < 1e-6, f"{name}: a weight differs by {diff.max():.2e} after two steps"
+
+
+def test_a_refused_fused_kernel_falls_back_to_jax_s_default_and_says_so(monkeypatch):
+    from codeparrot.tools.gpu_check import jax_step
+
+    # On a GPU the fused variant asks for cuDNN first; on this CPU cuDNN is refused, which is the path to check
+    monkeypatch.setattr(jax_step, "implementations", lambda jax, attention: ["cudnn", None])
+    spec = {"vocab_size": VOCAB, "n_positions": SEQ, "seq_length": SEQ, "n_layer": 2, "n_embd": 32, "n_head": 2,
+            "dropout": 0.1, "micro_batch": 2, "steps": 2, "warmup_steps": 1, "dtype": "float32", "seed": 0}
+    row = jax_step.run_variant(jax, spec, "fused")
+    assert row["attention_implementation"] == "jax default" and row["variant"] == "jax, fused attention"
+    assert len(row["attention_refused"]) == 1 and row["attention_refused"][0].startswith("cudnn: ")
+    assert row["tokens_per_s"] > 0 and row["last_loss"] < row["first_loss"]

@@ -15,6 +15,7 @@ from accelerate.utils import DistributedType, TorchDynamoPlugin
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.training import micro_step
 from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.loss import FinalNormOutput, FusedHead
@@ -157,6 +158,32 @@ def test_a_failed_capture_is_one_line_and_leaves_no_graph(monkeypatch):
         run(batch)
     assert str(err.value) == ("cuda_graphs: capturing the micro-step failed (CUDA error: operation not permitted "
                               "when stream is capturing); train with --cuda_graphs false")
+    assert run.graph is None
+
+
+    # An operation failing inside the capture: leaving the graph's block ends the capture, which raises again.
+    # The line leads with the first error, the one that says what went wrong.
+    class Capture:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, kind, value, tb):
+            if value is not None:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+    def capture_unsafe(*args, **kwargs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(micro_step, "forward_loss", capture_unsafe)
+    with pytest.raises(CodeParrotError) as err:
+        run(batch)
+    assert str(err.value) == ("cuda_graphs: capturing the micro-step failed (CUDA error: operation not permitted "
+                              "when stream is capturing; then: CUDA error: operation failed due to a previous error "
+                              "during capture); train with --cuda_graphs false")
     assert run.graph is None
 
 

@@ -11,9 +11,10 @@ The CLI's own metrics (tokens/s, MFU of the windows after the first) are reporte
 from __future__ import annotations
 
 import json
-import shlex
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -74,18 +75,32 @@ def cli_env(shapes: Shapes, device: torch.device) -> dict[str, str]:
 
 def run_until(command: list[str], log: Path, deadline: float, extra_env: dict[str, str] | None = None) -> int:
     """Run `command` into `log`, return its exit status; killed at `deadline` (time.monotonic()), which raises:
-    a stage never outlives its budget."""
+    a stage never outlives its budget. The command runs in a process group of its own, and the whole group is
+    killed: `accelerate launch` starts train.py as a child process, which would otherwise keep training (and
+    holding GPU memory) while the next stage measures."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(extra_env or {})}
     left = deadline - time.monotonic()
     if left <= 0:
         raise RuntimeError(f"stage time budget spent before {log.stem} started")
     with open(log, "w", encoding="utf-8") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                   start_new_session=True)
         try:
-            return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
-                                  timeout=left).returncode
+            return process.wait(timeout=left)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"stage time budget spent: {log.stem} killed after {left:.0f} s (log: {log})") from None
+        finally:  # on time-out, and on anything else that ends the wait (Ctrl-C): no process of the group survives
+            kill_group(process)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL to every process of `process`'s group (it leads one: start_new_session), then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone: everything in it has exited
+    process.wait()
 
 
 def error_line(log: Path) -> str:

@@ -1,10 +1,11 @@
 """Stage `headline`: the training CLI at the recipe's global batch, as a user runs it on one GPU.
 
 `accelerate launch scripts/train.py --config configs/train/codeparrot-small.yaml` with global batch 192 sequences
-of 1,024 tokens on one process, twice: at the published micro-batch 12 (so 16 accumulation steps) and with
-`--batch.micro_batch_size auto` (the run measures the largest micro-batch that fits and derives the
-accumulation), then auto with `--cuda_graphs true` (each micro-step replayed from one CUDA graph,
-training/micro_step.py); `--smoke` runs the auto row only (`Shapes.headline_micro_batches`). Each run trains
+of 1,024 tokens on one process, three times: with `--batch.micro_batch_size auto` (the run measures the largest
+micro-batch that fits and derives the accumulation), auto with `--cuda_graphs true` (each micro-step replayed from
+one CUDA graph, training/micro_step.py), and at the published micro-batch 12 (so 16 accumulation steps); `--smoke`
+runs the auto row only (`Shapes.headline_micro_batches`). No row may take more than ROW_SECONDS, so that one
+slow or stuck run cannot spend the stages after it (1.5B, JAX). Each run trains
 `Shapes.headline_steps` optimizer steps, logged every 2, on `end_to_end.prepare()`'s model and tokens; its
 figures are the CLI's own summary (`<run>/throughput.json`: the median of the log windows after the warm-up
 one), so they are what a user of the CLI gets, start-up and compilation left out. The CUDA-graph row also says
@@ -18,8 +19,8 @@ one-line error, not a failed stage: the other row still counts.
 from __future__ import annotations
 
 import json
-import shlex
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -29,6 +30,11 @@ from codeparrot.tools.gpu_check.config import REPO_ROOT, Shapes
 from codeparrot.tools.gpu_check.end_to_end import cli_env, error_line, launcher, run_until
 
 LOG_EVERY = 2
+# One row's wall-clock limit: start-up, compilation and 14 steps took 50-60 s on an H100 (micro-batch 12 and 48,
+# before issue 28); the auto probe adds seconds (PROBE_SECONDS, 120, bounds its worst case). A run past this will
+# not give a figure in time for the stages after it.
+ROW_SECONDS = 240.0
+LOG_TAIL_LINES = 20  # of a failed run's log, kept in its row: the logs are in a temporary folder
 # What the CLI prints about its batch (training/config.py budget_summary; training/micro_batch.py for auto)
 BUDGET_LINE = re.compile(r"(\d+) sequences/step = (\d+)/process × (\d+) accumulation")
 AUTO_LINE = re.compile(r"micro-batch auto: (\d+) \(accumulation (\d+)\)")
@@ -87,16 +93,22 @@ def cli_row(label: str, micro_batch: str, root: Path, shapes: Shapes, prepared: 
         return {**row, "error": str(err), "wall_s": time.monotonic() - start}
     row["wall_s"] = time.monotonic() - start  # start-up, compilation, the auto probe and the final save included
     if code != 0:
-        return {**row, "error": error_line(log)}
+        return {**row, "error": error_line(log), "log_tail": log_tail(log)}
     row["micro_batch"], row["accumulation"] = chosen_batch(run_dir, log)
     summary_file = run_dir / "throughput.json"
     if not summary_file.is_file():
-        return {**row, "error": f"train.py wrote no {summary_file.name} (log: {log})"}
+        return {**row, "error": f"train.py wrote no {summary_file.name}", "log_tail": log_tail(log)}
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     row.update(tokens_per_s=summary.get("median_tokens_per_s"), mfu=summary.get("median_mfu"),
                peak_memory_gib=summary.get("peak_memory_gib"), timed_windows=summary.get("windows"),
                losses=logged_losses(run_dir))
     return row
+
+
+def log_tail(log: Path) -> list[str]:
+    """The last LOG_TAIL_LINES non-empty lines of a run's log."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    return [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
 
 
 def logged_losses(run_dir: Path) -> list[float]:
@@ -116,8 +128,12 @@ def compare_with_eager(rows: list[dict]) -> None:
         base = eager.get(row["requested_micro_batch"].removesuffix(GRAPHS))
         if not row["requested_micro_batch"].endswith(GRAPHS) or base is None or "tokens_per_s" not in row:
             continue
+        if row.get("micro_batch") != base.get("micro_batch"):  # auto sizes a graph run with a wider margin
+            row["not_compared"] = (f"auto chose micro-batch {row.get('micro_batch')} with CUDA graphs and "
+                                   f"{base.get('micro_batch')} without: not the same run")
+            continue
         pairs = list(zip(row.get("losses") or [], base.get("losses") or []))
-        if pairs and row.get("micro_batch") == base.get("micro_batch"):
+        if pairs:
             row["loss_max_abs_diff_vs_eager"] = max(abs(a - b) for a, b in pairs)
         if base.get("tokens_per_s") and row.get("tokens_per_s"):
             row["speedup_vs_eager"] = row["tokens_per_s"] / base["tokens_per_s"]
@@ -132,8 +148,8 @@ def row_label(micro_batch: str, global_batch: int) -> str:
 
 
 def headline_stage(root: Path, shapes: Shapes, prepared: tuple[Path, Path], cuda: bool, deadline: float) -> list[dict]:
-    """One row per `shapes.headline_micro_batches`; a row that cannot start before `deadline` is recorded as
-    skipped."""
+    """One row per `shapes.headline_micro_batches`, each killed after ROW_SECONDS at most; a row that cannot start
+    before `deadline` is recorded as skipped."""
     results = []
     for micro_batch in shapes.headline_micro_batches:
         label = row_label(micro_batch, shapes.global_batch)
@@ -141,6 +157,7 @@ def headline_stage(root: Path, shapes: Shapes, prepared: tuple[Path, Path], cuda
             results.append({"row": label, "requested_micro_batch": micro_batch,
                             "skipped": "skipped: time budget spent"})
             continue
-        results.append(cli_row(label, micro_batch, root, shapes, prepared, cuda, deadline))
+        row_deadline = min(deadline, time.monotonic() + ROW_SECONDS)
+        results.append(cli_row(label, micro_batch, root, shapes, prepared, cuda, row_deadline))
     compare_with_eager(results)
     return results

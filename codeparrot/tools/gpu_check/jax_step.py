@@ -16,9 +16,11 @@ on weights and embeddings only, lr 5e-4) after clipping the global gradient norm
 Dropout masks come from XLA's RngBitGenerator (jax's "rbg" PRNG, Philox on a GPU, as torch's dropout), not
 jax's default threefry, which is several times slower for masks this size.
 
-Attention variants (SPEC["attention"]): "softmax" materializes softmax(QKᵀ) with dropout on it (GPT-2 exactly);
-"fused" is jax.nn.dot_product_attention(is_causal=True), XLA's or cuDNN's fused kernel, which has no dropout
-on the probabilities (the other dropouts stay).
+Attention variants (SPEC["attention"]): "softmax" materializes softmax(QKᵀ) with dropout on it (GPT-2 exactly;
+the scores in the matmul dtype, then fp32); "fused" is jax.nn.dot_product_attention(is_causal=True), asked for
+cuDNN's fused kernel on a GPU (jax's default there is XLA's unfused one) and falling back to jax's default where
+cuDNN refuses (the row says which ran, and why the other was refused); it has no dropout on the probabilities
+(the other dropouts stay).
 
 Prints one line per result, `GPU_CHECK_JAX {json}`: {"info": ...} first, then {"row": ...} per variant, or one
 {"skipped": reason} when jax cannot run here.
@@ -61,8 +63,9 @@ def decays(params: dict) -> dict:
             for name, value in params.items()}
 
 
-def make_step(jax, spec: dict, attention: str, mask: dict):
-    """The jitted `step(params, opt, tokens, key) -> (params, opt, loss)`; `mask`: `decays(params)`."""
+def make_step(jax, spec: dict, attention: str, mask: dict, implementation: str | None = None):
+    """The jitted `step(params, opt, tokens, key) -> (params, opt, loss)`; `mask`: `decays(params)`;
+    `implementation`: jax.nn.dot_product_attention's, for the "fused" attention (None: jax's default)."""
     jnp, lax = jax.numpy, jax.lax
     dt = jnp.dtype(spec["dtype"])
     rate, H = spec["dropout"], spec["n_head"]
@@ -83,8 +86,11 @@ def make_step(jax, spec: dict, attention: str, mask: dict):
     def attend(q, k, v, key):  # [B, T, H, Q] each; q already carries 1/(layer + 1)
         base = q.shape[-1] ** -0.5
         if attention == "fused":
-            return jax.nn.dot_product_attention(q, k, v, scale=base, is_causal=True)
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * base
+            return jax.nn.dot_product_attention(q, k, v, scale=base, is_causal=True, implementation=implementation)
+        # QKᵀ in the matmul dtype, then fp32 for the softmax, as torch's math attention under autocast: asking the
+        # einsum for an fp32 result instead would run the two score-gradient matmuls of the backward pass on fp32
+        # operands (TF32 on a GPU, half the bf16 rate) and make the peer slower than it needs to be.
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * base
         T = s.shape[-1]
         s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, jnp.finfo(jnp.float32).min)
         p = dropout(jax.nn.softmax(s, axis=-1), key)
@@ -133,37 +139,65 @@ def make_step(jax, spec: dict, attention: str, mask: dict):
     return jax.jit(step, donate_argnums=donate)
 
 
-def run_variant(jax, spec: dict, attention: str) -> dict:
+def fresh_state(jax, spec: dict, key) -> tuple[dict, dict]:
+    """(params, AdamW state) at initialization."""
     jnp = jax.numpy
-    key = jax.random.key(spec.get("seed", 0))
     params = init_params(jax, spec, key)
     opt = {"m": jax.tree_util.tree_map(jnp.zeros_like, params), "v": jax.tree_util.tree_map(jnp.zeros_like, params),
            "t": jnp.zeros((), jnp.float32)}
-    n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
-    n_matmul = n_params - params["wpe"].size  # the MFU convention: all but the position embeddings
+    return params, opt
+
+
+def implementations(jax, attention: str) -> list[str | None]:
+    """The attention implementations to try, best first: for "fused" on a GPU cuDNN's fused kernel (jax's default
+    is XLA's, which materializes the [T, T] scores like the softmax variant), else jax's default."""
+    return ["cudnn", None] if attention == "fused" and jax.default_backend() == "gpu" else [None]
+
+
+def run_variant(jax, spec: dict, attention: str) -> dict:
+    key = jax.random.key(spec.get("seed", 0))
     L, H, D, T = spec["n_layer"], spec["n_head"], spec["n_embd"], spec["seq_length"]
-    step = make_step(jax, spec, attention, decays(params))
     # One fixed batch, as the torch side: a step's speed does not depend on the ids, and the loss falls as the
     # model memorizes it (the check that the step trains)
     tokens = jax.random.randint(jax.random.fold_in(key, 1), (spec["micro_batch"], T), 0, spec["vocab_size"])
-    losses, times, start = [], [], time.perf_counter()
-    for i in range(max(spec["warmup_steps"], 1) + spec["steps"]):
+    peak_before = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    refused = []
+    for implementation in implementations(jax, attention):
+        params, opt = fresh_state(jax, spec, key)  # again after a refusal: a failed first call may have donated them
+        step = make_step(jax, spec, attention, decays(params), implementation)
+        start = time.perf_counter()
+        try:
+            params, opt, loss = step(params, opt, tokens, jax.random.fold_in(key, 100))  # compiles
+            first_loss = float(loss)  # waits for the step
+            break
+        except Exception as err:  # noqa: BLE001 - e.g. cuDNN refusing this shape or dtype: jax's default next
+            if implementation is None:
+                raise
+            text = str(err).strip().splitlines()
+            refused.append(f"{implementation}: {type(err).__name__}: {text[0][:160] if text else ''}")
+    compile_s = time.perf_counter() - start
+    n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
+    n_matmul = n_params - params["wpe"].size  # the MFU convention: all but the position embeddings
+    losses, times = [first_loss], []
+    for i in range(1, max(spec["warmup_steps"], 1) + spec["steps"]):
         t0 = time.perf_counter()
         params, opt, loss = step(params, opt, tokens, jax.random.fold_in(key, 100 + i))
         losses.append(float(loss))  # waits for the step
-        if i == 0:
-            compile_s = time.perf_counter() - start
         if i >= max(spec["warmup_steps"], 1):
             times.append(time.perf_counter() - t0)
     step_s = median(times)
-    stats = jax.devices()[0].memory_stats() or {}
-    return {"variant": f"jax, {attention} attention", "attention": attention,
+    # The allocator's peak is the process's, never reset: it is this variant's only if it rose during it
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    own_peak = peak is not None and (peak_before is None or peak > peak_before)
+    return {"variant": f"jax, {attention} attention" + (f" ({implementation})" if implementation else ""),
+            "attention": attention, "attention_implementation": implementation or "jax default",
+            **({"attention_refused": refused} if refused else {}),
             "attention_dropout": spec["dropout"] if attention == "softmax" else 0.0, "dtype": spec["dtype"],
             "micro_batch": spec["micro_batch"], "seq_length": T, "parameters": int(n_params),
             "flops_per_token": 6.0 * n_matmul + 12.0 * L * H * (D // H) * T, "compile_s": compile_s,
             "ms_per_step": 1000 * step_s, "tokens_per_s": spec["micro_batch"] * T / step_s,
             "first_loss": losses[0], "last_loss": losses[-1],
-            "peak_memory_gib": stats["peak_bytes_in_use"] / 2**30 if "peak_bytes_in_use" in stats else None}
+            "peak_memory_gib": peak / 2**30 if own_peak else None}
 
 
 def main(argv: list[str]) -> int:
@@ -173,13 +207,17 @@ def main(argv: list[str]) -> int:
     except ImportError as err:
         emit({"skipped": f"skipped: jax is not importable by {sys.executable} ({err})"})
         return 0
-    jax.config.update("jax_default_prng_impl", "rbg")
+    try:
+        jax.config.update("jax_default_prng_impl", "rbg")
+        prng = "rbg"
+    except Exception:  # noqa: BLE001 - a jax without it: its default generator, named in the info line
+        prng = "jax default"
     backend = jax.default_backend()
     if spec["need_gpu"] and backend != "gpu":
         emit({"skipped": f"skipped: jax {jax.__version__} sees no GPU (its backend is {backend}): not the device "
                          "torch measured"})
         return 0
-    emit({"info": {"jax": jax.__version__, "backend": backend, "device": jax.devices()[0].device_kind}})
+    emit({"info": {"jax": jax.__version__, "backend": backend, "device": jax.devices()[0].device_kind, "prng": prng}})
     for attention in spec["attention"]:
         try:
             emit({"row": run_variant(jax, spec, attention)})

@@ -11,7 +11,8 @@ at the largest micro-batch that fits, with activation checkpointing only if noth
 3. If not even micro-batch 1 fits, activation checkpointing is switched on and the search runs again.
 4. The winner is measured as train.py runs it: compiled per transformer block on CUDA (one graph for all 48
    blocks), the loss's softmax compiled, warm-up steps, then timed steps. Should that run out of memory (the
-   compiled kernels' workspaces), the next smaller size that fitted is measured instead.
+   compiled kernels' workspaces), smaller sizes are measured instead, halving down to 1 (`measurement_sizes`);
+   out-of-memory errors include cuBLAS's and cuDNN's allocation failures, which PyTorch raises as RuntimeError.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_at
 from codeparrot.training.config import OptimConfig
 from codeparrot.training.loss import FusedHead, forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token
+from codeparrot.training.micro_batch import is_out_of_memory
 from codeparrot.training.optim import build_optimizer
 from codeparrot.training.regional_compile import compile_blocks
 
@@ -124,16 +126,27 @@ class LargeModel:
             self.step(batch)
             sync(self.device)
             row["peak_memory_gib"] = peak_memory_gib(self.device)
-        except torch.OutOfMemoryError as err:
+        except (torch.OutOfMemoryError, RuntimeError) as err:  # cuBLAS/cuDNN report theirs as RuntimeError
+            if not is_out_of_memory(err):
+                raise
             out_of_memory = short_error(err)
         if out_of_memory:  # freed outside the handler: the exception's frames held the activations
-            self.optimizer.zero_grad(set_to_none=True)
-            gc.collect()
-            torch.cuda.empty_cache()
+            self.free()
         row.update(fits=out_of_memory is None, seconds=time.perf_counter() - start)
         if out_of_memory:
             row["detail"] = out_of_memory
         return row
+
+    def free(self) -> None:
+        """After an out-of-memory error: what the failed step left (gradients, the final norm's [B, T, D] output,
+        whatever a reference cycle holds) goes back to the device, so the next size starts from the model and
+        AdamW's state alone."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.head is not None and self.head.final_norm is not None:
+            self.head.final_norm.value = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def measure(self, micro_batch: int, cfg: GpuCheckConfig) -> dict:
         """The recipe's fast path at `micro_batch`: compiled blocks and loss on CUDA, warm-up, timed steps."""
@@ -203,16 +216,27 @@ def large_model_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig,
         result["not_measured"] = ("time budget spent" if out_of_time else
                                   "nothing fits, even micro-batch 1 with activation checkpointing")
         return result
-    fitted = sorted({t["micro_batch"] for t in result["trials"] if t["fits"]}, reverse=True)
-    for size in fitted:
+    for size in measurement_sizes(chosen, [t["micro_batch"] for t in result["trials"] if t["fits"]]):
         if not time_left():
             result["not_measured"] = "time budget spent before the measurement"
             break
         try:
             result["measured"] = runner.measure(size, cfg)
             break
-        except torch.OutOfMemoryError as err:  # compiled kernels' workspaces: the next smaller size that fitted
+        except (torch.OutOfMemoryError, RuntimeError) as err:  # compiled kernels' workspaces: a smaller size
+            if not is_out_of_memory(err):
+                raise
             result.setdefault("measure_errors", []).append(f"micro-batch {size}: {short_error(err)}")
-        gc.collect()
-        torch.cuda.empty_cache()
+        runner.free()
+    else:
+        result["not_measured"] = "every size ran out of memory once compiled (measure_errors)"
     return result
+
+
+def measurement_sizes(chosen: int, fitted: list[int]) -> list[int]:
+    """The sizes to measure, in order, until one runs: the chosen one, the smaller ones the search saw fit, then
+    halves of the smallest down to 1 (compiled kernels need workspace the eager search did not)."""
+    sizes = sorted({size for size in fitted if size <= chosen} | {chosen}, reverse=True)
+    while sizes[-1] > 1:
+        sizes.append(sizes[-1] // 2)
+    return sizes

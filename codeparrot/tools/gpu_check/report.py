@@ -118,6 +118,10 @@ def _headline(rows: list[dict] | None) -> list[str]:
             diff = r.get("loss_max_abs_diff_vs_eager")
             lines += ["", f"{r['row']}: {_fmt(r.get('speedup_vs_eager'), 3)}× the eager row's tokens/s; largest "
                           f"logged-loss difference from it {'n/a' if diff is None else format(diff, '.3g')}"]
+        if "not_compared" in r:
+            lines += ["", f"{r['row']}: not compared with the eager row: {r['not_compared']}"]
+        if r.get("log_tail"):
+            lines += ["", f"{r['row']}, the end of its log:", "", "```", *r["log_tail"], "```"]
     return lines + [""]
 
 
@@ -168,7 +172,8 @@ def _jax(res: dict | None) -> list[str]:
         return []
     ref = res.get("torch", {})
     lines = ["## JAX peer: the same model and step in plain JAX, same device and batch", "",
-             f"jax {res.get('jax', '?')} on {res.get('device', '?')} ({res.get('backend', '?')}), {res.get('python')}. "
+             f"jax {res.get('jax', '?')} on {res.get('device', '?')} ({res.get('backend', '?')}, PRNG "
+             f"{res.get('prng', '?')}), {res.get('python')}. "
              f"This project: {_fmt(ref.get('tokens_per_s'), 0)} tokens/s ({ref.get('source', 'n/a')}).", ""]
     table = []
     for r in res.get("rows", []):
@@ -179,6 +184,10 @@ def _jax(res: dict | None) -> list[str]:
         table.append([r["variant"], *figures[:5], loss, figures[5]])
     lines += _table(["variant", "tokens/s", "MFU", "ms/step", "first step s (compile)", "peak memory GiB",
                      "loss first → last", "this project ÷ JAX"], table) + [""]
+    for r in res.get("rows", []):
+        lines += [f"- {r['variant']}: refused {why}; jax's default ran" for why in r.get("attention_refused", [])]
+    if any(r.get("attention_refused") for r in res.get("rows", [])):
+        lines.append("")
     if res.get("stopped"):
         lines += [f"- stopped: {res['stopped']}", ""]
     return lines

@@ -85,8 +85,8 @@ def release(device: torch.device) -> None:
     """What a stage left behind, freed before the next: its models (an Accelerator holds them in reference
     cycles), dynamo's compiled graphs, and the blocks torch's allocator caches (the 1.5B stage leaves tens of GiB
     there, which the training CLI's process and JAX's would otherwise not get)."""
+    torch._dynamo.reset()  # first: its caches may be what still reaches a model
     gc.collect()
-    torch._dynamo.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
