@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -139,6 +140,13 @@ def compare_with_eager(rows: list[dict]) -> None:
             row["speedup_vs_eager"] = row["tokens_per_s"] / base["tokens_per_s"]
 
 
+def progress(row: dict) -> None:
+    """One line per finished row on stderr: a call killed before the stage ends still shows what it measured."""
+    figures = {k: row[k] for k in ("micro_batch", "accumulation", "tokens_per_s", "mfu", "peak_memory_gib", "wall_s",
+                                   "error") if k in row}
+    print(f"  {row['row']}: {json.dumps(figures)}", file=sys.stderr, flush=True)
+
+
 def row_label(micro_batch: str, global_batch: int) -> str:
     graphs = " + CUDA graphs" if micro_batch.endswith(GRAPHS) else ""
     micro_batch = micro_batch.removesuffix(GRAPHS)
@@ -159,5 +167,6 @@ def headline_stage(root: Path, shapes: Shapes, prepared: tuple[Path, Path], cuda
             continue
         row_deadline = min(deadline, time.monotonic() + ROW_SECONDS)
         results.append(cli_row(label, micro_batch, root, shapes, prepared, cuda, row_deadline))
+        progress(results[-1])
     compare_with_eager(results)
     return results

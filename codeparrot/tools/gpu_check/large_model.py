@@ -18,6 +18,8 @@ at the largest micro-batch that fits, with activation checkpointing only if noth
 from __future__ import annotations
 
 import gc
+import json
+import sys
 import time
 from dataclasses import replace
 from statistics import median
@@ -202,6 +204,7 @@ def large_model_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig,
 
         def fits(size: int, checkpointing: bool = checkpointing) -> bool:
             result["trials"].append(runner.try_size(size, checkpointing))
+            print(f"  1.5B trial: {json.dumps(result['trials'][-1])}", file=sys.stderr, flush=True)
             return result["trials"][-1]["fits"]
 
         chosen, out_of_time = largest_fitting(shapes.large_start, shapes.large_max, fits, time_left)
@@ -222,6 +225,7 @@ def large_model_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig,
             break
         try:
             result["measured"] = runner.measure(size, cfg)
+            print(f"  1.5B measured: {json.dumps(result['measured'])}", file=sys.stderr, flush=True)
             break
         except (torch.OutOfMemoryError, RuntimeError) as err:  # compiled kernels' workspaces: a smaller size
             if not is_out_of_memory(err):
