@@ -1,7 +1,7 @@
 """Atomic outputs: write into a temporary sibling, then rename, so a crash never leaves half a result.
 
-`atomic_dir(final)` yields a temporary folder next to `final`; on success the old `final` (if any) is
-replaced by it in two renames, on failure the temporary folder is removed. `atomic_write_text` does the
+`atomic_dir(final)` yields a temporary folder next to `final`; on success everything in it is flushed to disk
+(fsync) and the old `final` (if any) is replaced by it in two renames, on failure the temporary folder is removed. `atomic_write_text` does the
 same for one file with `os.replace`, which is atomic on POSIX when source and target share a filesystem.
 """
 
@@ -49,13 +49,38 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    try:
+        fsync_tree(tmp)  # what the renames publish is on disk first: a power loss never leaves a "complete" empty file
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{os.getpid()}"
         os.rename(final, old)
     os.rename(tmp, final)
+    fsync_path(final.parent)  # the renames themselves
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush one file's or folder's data and metadata to disk (a folder: the entries renamed into it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """`fsync_path` of every file and folder under `root` (files first, folders bottom-up), `root` included."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                fsync_path(path)
+        fsync_path(Path(folder))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

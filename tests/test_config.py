@@ -102,6 +102,29 @@ def test_atomic_outputs_have_normal_permissions_and_leave_nothing_on_failure(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "out"]  # no temp leftovers
 
 
+def test_atomic_dir_flushes_everything_it_publishes_to_disk(tmp_path, monkeypatch):
+    """Every file and folder of the published tree, and the parent holding the renames, is fsynced: after a power
+    loss the output is either the old one or the whole new one, never a complete-looking folder of empty files."""
+    import os
+
+    from codeparrot import atomic_io
+
+    synced = set()
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.add(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic_io.os, "fsync", fsync)
+    with atomic_io.atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "train").mkdir()
+        for name in ("train/a.json.gz", "train/b.json.gz", "stats.json"):
+            (tmp / name).write_bytes(b"data")
+    published = [tmp_path / "out", *(tmp_path / "out").rglob("*")]
+    assert {p.stat().st_ino for p in published} | {tmp_path.stat().st_ino} <= synced
+
+
 @dataclass
 class _Nested:
     level: int = doc(6, "gzip level")

@@ -258,15 +258,22 @@ def near_dedup(
 KEEP_POLICIES = ("first", "most-copies")
 
 
+MAX_COPIES = 2**63 - 1  # copies are kept in int64 columns (the local engine's array, Ray's Arrow blocks)
+
+
 def copies_of(record: dict) -> int:
     """A record's `copies` (BigQuery's count of identical copies across repositories: the popularity signal of the
-    export) as an int >= 0, or -1 when it is missing or not a non-negative integer (ranked below every count)."""
+    export) as an int >= 0, or -1 when it is missing or not a non-negative integer (ranked below every count).
+    Counts beyond int64 are capped at MAX_COPIES; a string counts when it is ASCII digits ("²" is not)."""
     value = record.get("copies")
     if isinstance(value, bool):
         return -1
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    return value if isinstance(value, int) and value >= 0 else -1
+    if isinstance(value, str):
+        digits = value.strip()
+        if not (digits.isascii() and digits.isdigit()):
+            return -1
+        value = int(digits) if len(digits) <= 19 else MAX_COPIES  # 19 digits: past int64 either way
+    return min(value, MAX_COPIES) if isinstance(value, int) and value >= 0 else -1
 
 
 def kept_member(cluster: np.ndarray, copies: np.ndarray | None, policy: str) -> int:

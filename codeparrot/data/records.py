@@ -213,6 +213,10 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
         record = json.loads(decoded)
     except json.JSONDecodeError as err:
         raise BadRecord("malformed JSON", f"{err.msg}: column {err.colno}") from None
+    except ValueError as err:  # valid JSON Python will not parse: an integer past its 4,300-digit limit
+        raise BadRecord("malformed JSON", str(err).split(";")[0]) from None
+    except RecursionError:  # valid JSON nested deeper than the parser's recursion limit
+        raise BadRecord("malformed JSON", "nested too deeply") from None
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object", type(record).__name__)
     if text_column not in record:

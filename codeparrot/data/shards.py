@@ -81,6 +81,8 @@ class ShardWriter:
             raw = self._gz.fileobj
             self._gz.close()
             self.shard_bytes.append(raw.tell())
+            raw.flush()
+            os.fsync(raw.fileno())  # here, in the writer thread, beside the compute: publishing then finds it on disk
             raw.close()
             self._gz = None
 

@@ -136,6 +136,9 @@ def test_most_copies_then_smallest_row():
     assert kept_member(np.array([3, 4]), copies, "most-copies") == 3  # a missing count ranks below any count
     assert [copies_of(r) for r in ({"copies": 5}, {"copies": "12"}, {}, {"copies": "x"}, {"copies": -2},
                                    {"copies": True})] == [5, 12, -1, -1, -1, -1]
+    # Strings that str.isdigit() accepts but int() does not, and counts past the int64 columns they are kept in
+    assert [copies_of(r) for r in ({"copies": "\u00b2"}, {"copies": "\u0663"}, {"copies": "9" * 20},
+                                   {"copies": 10**30})] == [-1, -1, 2**63 - 1, 2**63 - 1]
 
 
 def _ngram_jaccard(a: str, b: str, n: int) -> float:

@@ -60,6 +60,8 @@ def test_every_bad_record_reason_is_counted_with_its_first_location(tmp_path):
         '{"content": "lone \\ud800 surrogate"}',
         _record("second malformed follows"),
         "{not json}",
+        '{"content": "x", "n": ' + "1" * 5000 + "}",  # valid JSON, an integer past Python's 4,300-digit limit
+        "[" * 100_000 + "]" * 100_000,  # valid JSON nested past the parser's recursion limit
     ]
     src = _jsonl(tmp_path / "mixed.jsonl", lines)
     empty = tmp_path / "empty.jsonl"
@@ -67,7 +69,7 @@ def test_every_bad_record_reason_is_counted_with_its_first_location(tmp_path):
     bad = BadRecords()
     kept = list(iter_records([src, empty], bad=bad))
     assert len(kept) == 2
-    assert bad.counts == {"malformed JSON": 2, "not a JSON object": 1, "missing text column": 1, "non-string text": 2,
+    assert bad.counts == {"malformed JSON": 4, "not a JSON object": 1, "missing text column": 1, "non-string text": 2,
                           "invalid UTF-8": 2, "NUL bytes": 2, "empty file": 1}
     assert bad.first["malformed JSON"].startswith(f"{src}:2 ")
     assert bad.first["non-string text"].startswith(f"{src}:5 ")
