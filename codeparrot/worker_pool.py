@@ -5,6 +5,11 @@
 then runs that handler inside the worker instead of ending it, and `terminate()` waits for it forever (seen with
 `pretokenize` in a process that had run the Ray engine). Both data paths that fork workers start them here:
 the preprocess pool (`data/local_engine.py`) and the pretokenizer's (`training/datasets/pretokenized.py`).
+
+A worker that dies (the kernel's out-of-memory killer, a crash in native code) is replaced by `Pool` without a
+word, and the task it held is lost: waiting for its result would wait forever (until a stall watchdog fires, 30
+minutes later by default). `watched(pool, result)` waits instead with a one-line error as soon as one of the
+pool's workers has died.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ import multiprocessing
 import signal
 import threading
 from typing import Any, Callable
+
+from codeparrot.errors import CodeParrotError
+
+POLL_SECONDS = 0.5  # how often a wait for a result looks at the workers
 
 
 def start_pool(num_workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = (),
@@ -23,7 +32,46 @@ def start_pool(num_workers: int, initializer: Callable[..., None], initargs: tup
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if in_main else None
     try:
-        return multiprocessing.get_context(start_method).Pool(num_workers, initializer, initargs)
+        pool = multiprocessing.get_context(start_method).Pool(num_workers, initializer, initargs)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+    pool.codeparrot_workers = list(pool._pool)  # the processes started now (Pool replaces a dead one silently)
+    return pool
+
+
+def dead_worker(pool) -> str | None:
+    """How the first of `pool`'s original workers that has exited ended ("killed by SIGKILL", "exit code 1"), or
+    None while all of them run. Workers never exit on their own before the pool is closed."""
+    for worker in pool.codeparrot_workers:
+        code = worker.exitcode  # polls without blocking
+        if code is None:
+            continue
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            hint = " (what the kernel's out-of-memory killer sends)" if -code == signal.SIGKILL else ""
+            return f"worker process {worker.pid} was killed by {name}{hint}"
+        return f"worker process {worker.pid} exited with code {code}"
+    return None
+
+
+class watched:
+    """`pool.apply_async`'s result whose `get()` raises a one-line CodeParrotError once a worker of `pool` has
+    died, instead of waiting forever for a task that died with it."""
+
+    def __init__(self, pool, result):
+        self.pool, self.result = pool, result
+
+    def ready(self) -> bool:
+        return self.result.ready()
+
+    def get(self) -> Any:
+        while True:
+            try:
+                return self.result.get(timeout=POLL_SECONDS)
+            except multiprocessing.TimeoutError:
+                pass
+            death = dead_worker(self.pool)
+            if death is not None:
+                raise CodeParrotError(f"{death}: the work it held is lost, so the run stops (fewer workers, or "
+                                      f"smaller batches, need less memory)")

@@ -8,11 +8,16 @@ import signal
 
 import pytest
 
-from codeparrot.worker_pool import start_pool
+from codeparrot.errors import CodeParrotError
+from codeparrot.worker_pool import start_pool, watched
 
 
 def _nothing() -> None:
     pass
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does to a worker
 
 
 def _pid_and_handler(_item: int) -> tuple[int, bool]:
@@ -39,3 +44,20 @@ def test_terminate_ends_workers_forked_under_a_sigterm_handler():
                 os.kill(pid, 0)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.timeout(60)  # the bug was a wait that never ended: Pool replaces a dead worker and drops its task
+def test_a_worker_killed_mid_task_is_a_one_line_error_not_a_hang():
+    import time
+
+    pool = start_pool(2, _nothing, (), "fork")
+    try:
+        start = time.monotonic()
+        with pytest.raises(CodeParrotError, match=r"^worker process \d+ was killed by SIGKILL \(what the kernel's "
+                                                  r"out-of-memory killer sends\): the work it held is lost"):
+            watched(pool, pool.apply_async(_die)).get()
+        assert time.monotonic() - start < 10
+        assert watched(pool, pool.apply_async(_pid_and_handler, (1,))).ready() in (True, False)  # the API callers use
+    finally:
+        pool.terminate()
+        pool.join()
