@@ -98,8 +98,13 @@ class Job:
         self.sequences: list[_Sequence] = []
         self.prompt_logprobs: list[float | None] | None = None
         self.running = 0  # sequences not finished
+        self.ended = False  # its "done" or "error" event was sent
 
     def emit(self, event: Event) -> None:
+        """Send `event` to the listener; nothing after the job's end ("done" or "error"), which comes once."""
+        if self.ended:
+            return
+        self.ended = event[0] in ("done", "error")
         try:
             self.listener(event)
         except Exception:  # noqa: BLE001 - a listener whose client is gone must never stop the engine
@@ -126,6 +131,7 @@ class Engine:
         # the longest, so each runs alone there, unpadded, as generate runs it.
         self.group_prefill = self.device.type != "cpu"
         self._rows: list[tuple[Job, _Sequence]] = []  # batch row i carries sequence _rows[i]
+        self._admitted: list[Job] = []  # taken from the queue this iteration, not yet in _rows (engine thread only)
         self._waiting: deque[Job] = deque()
         self._jobs = 0  # waiting + running
         self._cond = threading.Condition()
@@ -199,6 +205,7 @@ class Engine:
                 self._cond.wait()
             closed = self._closed
             admitted = [] if closed else self._admit()
+            self._admitted = admitted  # ended by _fail_all too, should this iteration fail
         if closed:
             self._fail_all(ApiError("the server is shutting down; the request was cancelled", "unavailable"))
             return False
@@ -227,6 +234,7 @@ class Engine:
             else:
                 self._rows = self._rows + joining  # a new list: stats() reads it from other threads
                 self.counts["largest_batch"] = max(self.counts["largest_batch"], len(self._rows))
+        self._admitted = []
         if self._rows:
             self._step()
         return True
@@ -267,7 +275,12 @@ class Engine:
                 logp = torch.log_softmax(prompt_logits[:-1], dim=-1)
                 targets = torch.tensor(job.prompt_ids[1:], device=logp.device)[:, None]
                 job.prompt_logprobs = [None] + logp.gather(1, targets)[:, 0].tolist()
-            for i in self._advance(job, logits[row:row + n], list(range(n))):
+            try:
+                alive = self._advance(job, logits[row:row + n], list(range(n)))
+            except Exception as err:  # noqa: BLE001 - e.g. NaN logits: this request fails, its batch-mates go on
+                self._fail([job], err)
+                alive = []
+            for i in alive:
                 keep.append(row + i)
                 joining.append((job, job.sequences[i]))
             row += n
@@ -296,11 +309,26 @@ class Engine:
             end = start
             while end < len(rows) and rows[end][0] is job:
                 end += 1
-            alive = set(self._advance(job, logits[start:end], [seq.index for _, seq in rows[start:end]]))
+            try:
+                alive = set(self._advance(job, logits[start:end], [seq.index for _, seq in rows[start:end]]))
+            except Exception as err:  # noqa: BLE001 - e.g. NaN logits: this request fails, its batch-mates go on
+                self._fail([job], err)
+                alive = set()
             keep += [k for k in range(start, end) if rows[k][1].index in alive]
             start = end
+        self._keep_rows(rows, keep)
+
+    def _keep_rows(self, rows: list, keep: list[int]) -> None:
+        """Shrink the batch to rows `keep` of `rows`; should that fail (out of memory copying the cache), the
+        requests still running fail and the engine goes on with an empty batch."""
         self._rows = [rows[k] for k in keep]
-        self.batch.keep(keep)
+        try:
+            self.batch.keep(keep)
+        except Exception as err:  # noqa: BLE001
+            running = list({id(job): job for job, _ in self._rows}.values())
+            self._rows = []
+            self.batch.clear()
+            self._fail(running, err)
 
     def _advance(self, job: Job, logits: torch.Tensor, indices: list[int]) -> list[int]:
         """Choose and record the next token of `job`'s sequences `indices` (rows of `logits`); returns the indices
@@ -353,9 +381,7 @@ class Engine:
         if not any(job.cancelled for job, _ in self._rows):
             return
         gone = {id(job): job for job, _ in self._rows if job.cancelled}
-        keep = [k for k, (job, _) in enumerate(self._rows) if not job.cancelled]
-        self._rows = [self._rows[k] for k in keep]
-        self.batch.keep(keep)
+        self._keep_rows(self._rows, [k for k, (job, _) in enumerate(self._rows) if not job.cancelled])
         for job in gone.values():
             self._finish_cancelled(job)
 
@@ -378,7 +404,8 @@ class Engine:
     def _fail_all(self, error: ApiError) -> None:
         """End every waiting and running request with `error` (shutdown, or the engine's own failure)."""
         jobs = list({id(job): job for job, _ in self._rows}.values())
-        self._rows = []
+        jobs += [job for job in self._admitted if not job.ended]  # out of the queue, not yet in the batch
+        self._rows, self._admitted = [], []
         self.batch.clear()
         with self._cond:
             jobs += list(self._waiting)

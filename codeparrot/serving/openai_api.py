@@ -227,7 +227,7 @@ class CompletionStream:
         sent = self.sent.get(index, 0)
         ready = len(text)
         if self.stops:
-            ready -= held_back(text, self.stops)
+            ready -= held_back(text, self.stops, sent)
             hit = find_stop(text, self.stops, stop_search_start(len(before), self.stops))
             if hit is not None:
                 ready = min(ready, hit[0])

@@ -22,13 +22,16 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
+MIN_TEMPERATURE = 1e-5  # below it sampling is greedy (as vLLM); logits of ±100 ÷ 1e-5 stay finite in float32
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What one request asked for, already validated by its API layer (`codeparrot.serving.params`)."""
 
     max_new_tokens: int
     n: int = 1  # sequences generated from the prompt
-    temperature: float = 0.0  # 0: greedy (argmax), else sampling
+    temperature: float = 0.0  # below MIN_TEMPERATURE (0 included): greedy (argmax), else sampling
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None  # sampling only; None draws a fresh one (reported back)
@@ -39,7 +42,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax: temperature 0, or one so small that logits ÷ temperature overflow float32 (1e-40 does; the APIs
+        accept any value down to 0): the distribution it asks for is the argmax to float precision anyway."""
+        return self.temperature < MIN_TEMPERATURE
 
 
 def fresh_seed() -> int:

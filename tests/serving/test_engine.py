@@ -178,6 +178,67 @@ def test_a_failing_forward_fails_its_requests_not_the_engine(random_model, engin
     assert len(ok.sequences[0].tokens) == 10 and engine.failure is None
 
 
+def test_a_temperature_too_small_for_float32_is_greedy_not_the_engine_s_end(random_model, engine_for):
+    """logits ÷ 1e-40 overflow float32: sampling from them raised inside the engine's loop, which ended every request
+    in flight and left the server answering 503. Such a temperature asks for the argmax, and gets it."""
+    model, tokenizer = random_model
+    engine = engine_for(model, tokenizer)
+    tiny, greedy, sampled = run(engine, tokenizer, [
+        ("x =", SamplingParams(max_new_tokens=8, temperature=1e-40, seed=1)),
+        ("x =", SamplingParams(max_new_tokens=8)),
+        ("y =", SamplingParams(max_new_tokens=8, temperature=1.0, n=2, seed=3))])
+    assert [t.id for t in tiny.sequences[0].tokens] == [t.id for t in greedy.sequences[0].tokens]
+    assert tiny.seed is None  # reported as the greedy request it is
+    assert all(len(seq.tokens) == 8 for seq in sampled.sequences) and engine.failure is None
+
+
+def test_a_request_whose_tokens_cannot_be_chosen_fails_alone(random_model, engine_for, monkeypatch):
+    """An error while choosing one request's next token (NaN logits, say) fails that request, at the first token or
+    later; its batch-mates and the next requests are served, and nothing waits forever."""
+    from codeparrot.serving import sampling
+
+    model, tokenizer = random_model
+    engine = engine_for(model, tokenizer)
+    real_choose = sampling.TokenChooser.choose
+
+    def choose(self, logits, rows):
+        if self.seed == 666 and (self.n == 2 or len(logits) and getattr(self, "calls", 0) >= 3):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        self.calls = getattr(self, "calls", 0) + 1
+        return real_choose(self, logits, rows)
+
+    monkeypatch.setattr(sampling.TokenChooser, "choose", choose)
+    first, later, mate = run(engine, tokenizer, [
+        ("x =", SamplingParams(max_new_tokens=8, temperature=1.0, n=2, seed=666)),  # fails at its first token
+        ("x =", SamplingParams(max_new_tokens=8, temperature=1.0, seed=666)),  # fails at its fourth
+        ("y =", SamplingParams(max_new_tokens=8, temperature=1.0, seed=5))])
+    for failed in (first, later):
+        assert isinstance(failed, ApiError) and str(failed).startswith("generation failed: RuntimeError: probability")
+    assert len(mate.sequences[0].tokens) == 8
+    [ok] = run(engine, tokenizer, [("z =", SamplingParams(max_new_tokens=4))])
+    assert len(ok.sequences[0].tokens) == 4 and engine.failure is None and engine.stats()["requests"] == 0
+
+
+def test_a_failure_shrinking_the_batch_fails_its_requests_not_the_engine(random_model, engine_for, monkeypatch):
+    model, tokenizer = random_model
+    engine = engine_for(model, tokenizer)
+    real_keep = engine.batch.keep
+
+    def keep(rows):
+        if len(rows) == 1:  # the first sequence to finish: the cache is copied without it
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_keep(rows)
+
+    monkeypatch.setattr(engine.batch, "keep", keep)
+    short, long = run(engine, tokenizer, [("x =", SamplingParams(max_new_tokens=2)),
+                                         ("y =", SamplingParams(max_new_tokens=9))])
+    assert len(short.sequences[0].tokens) == 2  # finished before the failure
+    assert isinstance(long, ApiError) and "out of memory (simulated)" in str(long)
+    monkeypatch.setattr(engine.batch, "keep", real_keep)
+    [ok] = run(engine, tokenizer, [("z =", SamplingParams(max_new_tokens=4))])
+    assert len(ok.sequences[0].tokens) == 4 and engine.failure is None
+
+
 def test_any_end_token_ends_a_sequence_without_text(memorized):
     """The server ends sequences at the FIM sentinels too (`end_token_ids`): a sentinel is never part of a text."""
     model, tokenizer = memorized
