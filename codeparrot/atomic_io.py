@@ -1,8 +1,9 @@
 """Atomic outputs: write into a temporary sibling, then rename, so a crash never leaves half a result.
 
 `atomic_dir(final)` yields a temporary folder next to `final`; on success everything in it is flushed to disk
-(fsync) and the old `final` (if any) is replaced by it in two renames, on failure the temporary folder is removed. `atomic_write_text` does the
-same for one file with `os.replace`, which is atomic on POSIX when source and target share a filesystem.
+(fsync) and the old `final` (if any) is replaced by it in two renames, on failure the temporary folder is
+removed. `atomic_write_text` does the same for one file with `os.replace`, which is atomic on POSIX when source
+and target share a filesystem.
 """
 
 from __future__ import annotations
