@@ -9,9 +9,11 @@ and target share a filesystem.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,7 +45,8 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory that becomes `final` only if the block finishes without an exception."""
     final = Path(final)
     ensure_writable_dir(final.parent if str(final.parent) else Path("."))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    remove_stale_temporaries(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(final)}{_owner()}-", dir=final.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like any new folder
     try:
         yield tmp
@@ -63,6 +66,40 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     fsync_path(final.parent)  # the renames themselves
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _tmp_prefix(final: Path) -> str:
+    return f".{final.name}.tmp-"
+
+
+def _owner() -> str:
+    """Who makes a temporary folder: this machine and process (a shared filesystem may hold other machines')."""
+    return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"
+
+
+def remove_stale_temporaries(final: Path) -> list[Path]:
+    """Remove the temporary folders that runs killed without a chance to clean up (SIGKILL, the out-of-memory
+    killer, a stall watchdog's exit) left next to `final`: those made on this machine by a process that no longer
+    runs. A preprocess spool in one can be tens of GB. Returns what was removed."""
+    host, _ = _owner().split("-", 1)
+    removed = []
+    for candidate in final.parent.glob(f"{glob.escape(_tmp_prefix(final))}{glob.escape(host)}-*"):
+        pid = candidate.name[len(_tmp_prefix(final)) + len(host) + 1:].split("-", 1)[0]
+        if not pid.isdigit() or not candidate.is_dir() or _running(int(pid)):
+            continue
+        shutil.rmtree(candidate, ignore_errors=True)
+        removed.append(candidate)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 def fsync_path(path: Path) -> None:

@@ -102,6 +102,32 @@ def test_atomic_outputs_have_normal_permissions_and_leave_nothing_on_failure(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "out"]  # no temp leftovers
 
 
+def test_atomic_dir_removes_what_killed_runs_left_and_nothing_else(tmp_path):
+    """A run killed by SIGKILL (the out-of-memory killer, a stall watchdog's exit) leaves its temporary folder; the
+    next run for the same output removes those of dead processes of this machine, never a running one's or another
+    machine's (a shared filesystem)."""
+    import os
+    import subprocess
+    import sys
+
+    from codeparrot.atomic_io import _owner, atomic_dir
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    host = _owner().split("-", 1)[0]
+    stale = tmp_path / f".out.tmp-{host}-{dead_pid}-abc123"
+    live = tmp_path / f".out.tmp-{host}-{os.getpid()}-def456"
+    elsewhere = tmp_path / f".out.tmp-otherhost-{dead_pid}-ghi789"
+    other_output = tmp_path / f".other.tmp-{host}-{dead_pid}-jkl000"
+    for folder in (stale, live, elsewhere, other_output):
+        (folder / "train").mkdir(parents=True)
+        (folder / ".spool.jsonl").write_text("spooled records")
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "stats.json").write_text("{}")
+    assert not stale.exists() and live.is_dir() and elsewhere.is_dir() and other_output.is_dir()
+    assert (tmp_path / "out" / "stats.json").is_file()
+
+
 def test_atomic_dir_flushes_everything_it_publishes_to_disk(tmp_path, monkeypatch):
     """Every file and folder of the published tree, and the parent holding the renames, is fsynced: after a power
     loss the output is either the old one or the whole new one, never a complete-looking folder of empty files."""

@@ -10,7 +10,8 @@ from codeparrot.watchdog import StallWatchdog
 
 
 def stall_log(output_dir: Path) -> Path:
-    """Where the stacks go: OUTPUT_DIR.stall.log, next to the output (its temporary folder is removed on retry)."""
+    """Where the stacks go: OUTPUT_DIR.stall.log, next to the output (its temporary folder is removed by the next
+    run: atomic_io.remove_stale_temporaries)."""
     return output_dir.with_name(f"{output_dir.name}.stall.log")
 
 
