@@ -79,7 +79,7 @@ def _api_error_response(request: Request, err: ApiError) -> JSONResponse:
 
 def build_app(state: ServingState, max_request_bytes: int = 1 << 20) -> FastAPI:
     """The ASGI application serving `state`'s engine."""
-    # No docs pages or OpenAPI schema: less to expose; a body without a JSON content type is read as JSON anyway.
+    # No docs pages or OpenAPI schema: less to expose. A body is read as JSON whatever its content type (BodyLimit).
     app = FastAPI(title="CodeParrot completion server", docs_url=None, redoc_url=None, openapi_url=None,
                   strict_content_type=False)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)

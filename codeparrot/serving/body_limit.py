@@ -18,6 +18,17 @@ from codeparrot.serving.errors import ApiError, error_body, error_status
 DRAIN_LIMIT = 64 << 20  # bytes read and dropped at most, so that the client gets to read the 413
 
 
+def as_json(scope: dict) -> dict:
+    """`scope` with a POST body declared JSON, whatever its Content-Type said: every route takes JSON, and clients
+    such as `curl -d` send it as application/x-www-form-urlencoded, which FastAPI would refuse with a message
+    about dictionaries ("Input should be a valid dictionary"). A body that is not JSON still gets the API's
+    malformed-JSON error."""
+    if scope.get("method") != "POST":
+        return scope
+    headers = [(k, v) for k, v in scope.get("headers") or [] if k.lower() != b"content-type"]
+    return {**scope, "headers": headers + [(b"content-type", b"application/json")]}
+
+
 class BodyLimit:
     """ASGI middleware: `app` sees bodies of at most `max_bytes`; larger requests get `message(path)`'s 413."""
 
@@ -55,7 +66,7 @@ class BodyLimit:
         async def replayed() -> dict:
             return replay.pop() if replay else await receive()
 
-        await self.app(scope, replayed, send)
+        await self.app(as_json(scope), replayed, send)
 
     async def _refuse(self, scope, send: Callable) -> None:
         err = ApiError(f"the request body is larger than {self.max_bytes // 1024} KB (--max-request-kb)", "too_large")

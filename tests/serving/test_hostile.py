@@ -109,6 +109,19 @@ def test_openai_route_refuses_bad_bodies_in_openai_format(hostile, body, words):
     assert_openai_error(request(hostile, "POST", "/v1/completions", body), 400, words)
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+def test_a_json_body_is_read_as_json_whatever_its_content_type(hostile, content_type):
+    """`curl -d '{...}'` sends form-urlencoded: the body is still the request, and a body that is not JSON is still
+    the API's malformed-JSON error, not a message about dictionaries."""
+    kind = {"Content-Type": content_type}
+    code, _, body = request(hostile, "POST", "/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2}}, kind)
+    assert code == 200 and isinstance(body["generated_text"], str), body
+    code, _, body = request(hostile, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}, kind)
+    assert code == 200 and len(body["choices"]) == 1, body
+    assert_tgi_error(request(hostile, "POST", "/generate", b"inputs=x", kind), 422, "validation", "not valid JSON")
+    assert_openai_error(request(hostile, "POST", "/v1/completions", b"prompt=x", kind), 400, "not valid JSON")
+
+
 def test_sizes_and_limits(hostile):
     huge = {"inputs": "a" * 10_000_000}  # 10 MB: refused unread (Content-Length), after draining it
     assert_tgi_error(request(hostile, "POST", "/generate", huge), 413, "too_large", "64 KB")
