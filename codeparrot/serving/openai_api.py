@@ -31,7 +31,7 @@ from codeparrot.serving.engine import JobResult, SequenceResult, Token
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.sampling import SamplingParams
 from codeparrot.serving.state import MAX_TOP_LOGPROBS, ServingState
-from codeparrot.serving.text import find_stop, held_back, stop_search_start
+from codeparrot.serving.text import IncrementalDecoder, find_stop, held_back, stop_search_start
 
 Float = Annotated[float, Field(allow_inf_nan=False)]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -145,13 +145,13 @@ def _logprobs(state: ServingState, tokens: list[Token], prompt: list[tuple[int, 
     """OpenAI's legacy logprobs object: token strings, their log-probabilities, top alternatives, text offsets."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     pos = offset
+    prompt_text = IncrementalDecoder(state.tokenizer)  # a character split over tokens counts once, at its last
     for token_id, lp in prompt:
-        text = state.token_text(token_id)
-        out["tokens"].append(text)
+        out["tokens"].append(state.token_text(token_id))
         out["token_logprobs"].append(lp)
         out["top_logprobs"].append(None)
         out["text_offset"].append(pos)
-        pos += len(text)
+        pos += len(prompt_text.add(token_id))
     for token in tokens:
         text = state.token_text(token.id)
         out["tokens"].append(text)

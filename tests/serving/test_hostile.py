@@ -122,6 +122,20 @@ def test_a_json_body_is_read_as_json_whatever_its_content_type(hostile, content_
     assert_openai_error(request(hostile, "POST", "/v1/completions", b"prompt=x", kind), 400, "not valid JSON")
 
 
+def test_echoed_logprobs_offsets_count_characters_not_token_pieces(hostile):
+    """A prompt character that takes several byte-level tokens is one character of the echoed text: every offset
+    after it, the first generated token's included, points into that text."""
+    prompt = "日本 = 1"
+    code, _, body = request(hostile, "POST", "/v1/completions",
+                            {"prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 0, "temperature": 0})
+    assert code == 200, body
+    choice = body["choices"][0]
+    offsets, tokens = choice["logprobs"]["text_offset"], choice["logprobs"]["tokens"]
+    assert any("\ufffd" in token for token in tokens[:-2])  # a CJK character took several tokens: the case in question
+    assert offsets == sorted(offsets) and offsets[len(tokens) - 2] == len(prompt)  # generated text starts after it
+    assert choice["text"].startswith(prompt)
+
+
 def test_sizes_and_limits(hostile):
     huge = {"inputs": "a" * 10_000_000}  # 10 MB: refused unread (Content-Length), after draining it
     assert_tgi_error(request(hostile, "POST", "/generate", huge), 413, "too_large", "64 KB")
