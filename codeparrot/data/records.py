@@ -13,7 +13,8 @@ Which files (`resolve_data_files`): each spec is a file, a folder or a glob, in 
 - a glob (`**` allowed) contributes the data files it matches, and the folders it matches as above;
 - a preprocess output root (a folder with `train/` and/or `valid/` inside) is never read whole, which would
   mix the splits (and its `stats.json`): with `split="train"` it stands for its `train/` folder, otherwise
-  it is a one-line error asking for one split.
+  it is a one-line error asking for one split; one found inside a folder (`stats.json` beside a split folder)
+  is a one-line error too.
 A file named twice (say by a folder and a glob) is read once. Missing paths, globs or folders without data
 files, and unreadable files are one-line `CodeParrotError`s naming the path.
 
@@ -63,9 +64,19 @@ def is_data_file(path: Path) -> bool:
 
 
 def _files_under(folder: Path) -> list[Path]:
-    """Data files below `folder` (recursively), sorted; hidden files and folders are skipped."""
-    found = [p for p in folder.rglob("*")
-             if not any(part.startswith(".") for part in p.relative_to(folder).parts) and is_data_file(p)]
+    """Data files below `folder` (recursively), sorted; hidden files and folders are skipped. A preprocess output
+    root below it is an error, as `folder` itself would be: read whole it mixes its splits and its `stats.json`
+    (an `--output-dir` inside an input folder would be read back by the next run)."""
+    found = []
+    for root, dirs, files in os.walk(folder):  # as before: links to folders are not followed
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in dirs:
+            nested = here / name
+            if (nested / "stats.json").is_file() and split_folders(nested):
+                raise CodeParrotError(f"{folder} holds a preprocess output, {nested}: pass its "
+                                      f"{' or '.join(split_folders(nested))} folder on its own, or move it out")
+        found += [here / f for f in files if not f.startswith(".") and is_data_file(here / f)]
     return sorted(found)
 
 

@@ -133,3 +133,15 @@ def test_parse_record_line_reasons_and_options():
     many = json.dumps({f"k{i:02d}": i for i in range(20)}).encode()
     with pytest.raises(BadRecord, match=r"fields: k00, k01, .*k07, \.\.\. \(20 in all\)"):
         parse_record_line(many, "content")
+
+
+def test_a_preprocess_output_inside_an_input_folder_is_an_error_not_more_input(tmp_path):
+    """`--output-dir` inside an input folder: the next run would read the output's shards back, and its stats.json
+    as a bad record, mixing both splits into the new output."""
+    _touch(tmp_path, "code/a.jsonl", "code/out/train/file-000001.json.gz", "code/out/valid/file-000001.json.gz",
+           "code/out/stats.json", "code/more/b.jsonl")
+    with pytest.raises(CodeParrotError, match=r"code holds a preprocess output, .*code/out: pass its train or valid "
+                                              r"folder on its own, or move it out"):
+        resolve_data_files([str(tmp_path / "code")])
+    os.remove(tmp_path / "code/out/stats.json")  # a folder merely named train/ beside data is just data
+    assert len(resolve_data_files([str(tmp_path / "code")])) == 4
