@@ -49,7 +49,7 @@ from codeparrot.data.shards import ShardWriter
 from codeparrot.data.stall import records_watchdog
 from codeparrot.errors import CodeParrotError
 from codeparrot.watchdog import stops_watchdogs
-from codeparrot.worker_pool import start_pool, watched
+from codeparrot.worker_pool import start_pool, stop_pool, watched
 
 
 # --- worker side: the per-record work (`record_work.ChunkWorker`) in each pool process -------------------------
@@ -283,8 +283,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, s
         index_bytes = _pass1(cfg, paths, bad, sink, submit, totals, worker.license_filter)
     finally:
         if pool is not None:
-            pool.terminate()  # all results are in (or we are failing): nothing left to wait for
-            pool.join()
+            stop_pool(pool)  # all results are in (or we are failing): nothing left to wait for
     totals.seconds["pass1"] = time.perf_counter() - start
     if totals.valid_records == 0:
         problems = "; ".join(bad.summary_lines()) or "the files hold no lines"

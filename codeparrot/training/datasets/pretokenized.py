@@ -53,7 +53,7 @@ from codeparrot.training.datasets.constant_length import encode_with_eos, eos_to
 from codeparrot.training.datasets.record_streams import check_has_records, parse_record
 from codeparrot.training.datasets.resumable import (Reader, ResumableIterableDataset, check_fim_matches,
                                                     check_state_matches)
-from codeparrot.worker_pool import start_pool, watched
+from codeparrot.worker_pool import start_pool, stop_pool, watched
 
 INDEX_NAME = "index.json"
 TOKENS_NAME = "tokens.bin"
@@ -216,8 +216,7 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            stop_pool(pool)
 
     seconds = time.perf_counter() - start
     index = {"format": FORMAT, "version": VERSION, "tokens_file": TOKENS_NAME, "dtype": dtype.name,
