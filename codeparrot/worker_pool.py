@@ -8,7 +8,7 @@ the preprocess pool (`data/local_engine.py`) and the pretokenizer's (`training/d
 
 A worker that dies (the kernel's out-of-memory killer, a crash in native code) is replaced by `Pool` without a
 word, and the task it held is lost: waiting for its result would wait forever (until a stall watchdog fires, 30
-minutes later by default). `watched(pool, result)` waits instead with a one-line error as soon as one of the
+minutes later by default). `WatchedResult(pool, result)` waits instead with a one-line error as soon as one of the
 pool's workers has died, and `stop_pool` ends the pool even then: after a worker's death `Pool.terminate()` can
 wait forever (checked: with an idle worker killed, it still waited after 15 s).
 """
@@ -76,7 +76,7 @@ def stop_pool(pool, seconds: float = 10.0) -> None:
     stopper.join(seconds)
 
 
-class watched:
+class WatchedResult:
     """`pool.apply_async`'s result whose `get()` raises a one-line CodeParrotError once a worker of `pool` has
     died, instead of waiting forever for a task that died with it."""
 

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.worker_pool import start_pool, stop_pool, watched
+from codeparrot.worker_pool import WatchedResult, start_pool, stop_pool
 
 
 def _nothing() -> None:
@@ -55,7 +55,7 @@ def test_a_worker_killed_mid_task_is_a_one_line_error_not_a_hang():
         start = time.monotonic()
         with pytest.raises(CodeParrotError, match=r"^worker process \d+ was killed by SIGKILL \(what the kernel's "
                                                   r"out-of-memory killer sends\): the work it held is lost"):
-            watched(pool, pool.apply_async(_die)).get()
+            WatchedResult(pool, pool.apply_async(_die)).get()
         assert time.monotonic() - start < 10
     finally:
         stop_pool(pool, seconds=2)  # after a worker's death plain terminate() may wait forever (the next test)
@@ -86,7 +86,7 @@ def test_stopping_a_pool_whose_idle_worker_was_killed_does_not_hang(tmp_path):
     [idle] = [w for w in pool.codeparrot_workers if w.pid != busy_pid]
     os.kill(idle.pid, signal.SIGKILL)
     with pytest.raises(CodeParrotError, match="killed by SIGKILL"):
-        watched(pool, busy).get()
+        WatchedResult(pool, busy).get()
     start = time.monotonic()
     stop_pool(pool, seconds=2)  # plain terminate() here waits forever (checked by hand: still waiting after 15 s)
     assert time.monotonic() - start < 10

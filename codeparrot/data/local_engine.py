@@ -49,7 +49,7 @@ from codeparrot.data.shards import ShardWriter
 from codeparrot.data.stall import records_watchdog
 from codeparrot.errors import CodeParrotError
 from codeparrot.watchdog import stops_watchdogs
-from codeparrot.worker_pool import start_pool, stop_pool, watched
+from codeparrot.worker_pool import WatchedResult, start_pool, stop_pool
 
 
 # --- worker side: the per-record work (`record_work.ChunkWorker`) in each pool process -------------------------
@@ -277,7 +277,7 @@ def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords, s
          totals: Totals, tmp: Path, start: float) -> dict[str, Any]:
     """Both passes into the temporary folder `tmp`; returns the stats."""
     pool = _start_pool(cfg.num_workers, worker, max(1, available_cores() // max(cfg.num_workers, 1)))
-    submit = ((lambda task: watched(pool, pool.apply_async(_run_chunk, (task,)))) if pool
+    submit = ((lambda task: WatchedResult(pool, pool.apply_async(_run_chunk, (task,)))) if pool
               else (lambda task: _Done(worker(*task))))
     try:
         index_bytes = _pass1(cfg, paths, bad, sink, submit, totals, worker.license_filter)

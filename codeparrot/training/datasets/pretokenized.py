@@ -53,7 +53,7 @@ from codeparrot.training.datasets.constant_length import encode_with_eos, eos_to
 from codeparrot.training.datasets.record_streams import check_has_records, parse_record
 from codeparrot.training.datasets.resumable import (Reader, ResumableIterableDataset, check_fim_matches,
                                                     check_state_matches)
-from codeparrot.worker_pool import start_pool, stop_pool, watched
+from codeparrot.worker_pool import WatchedResult, start_pool, stop_pool
 
 INDEX_NAME = "index.json"
 TOKENS_NAME = "tokens.bin"
@@ -206,7 +206,8 @@ def pretokenize(data_files, tokenizer, output_dir, text_column: str = "content",
                 if pool is None:
                     write(file_idx, line, texts, _encode_batch(texts))
                     continue
-                in_flight.append((file_idx, line, texts, watched(pool, pool.apply_async(_encode_batch, (texts,)))))
+                result = WatchedResult(pool, pool.apply_async(_encode_batch, (texts,)))
+                in_flight.append((file_idx, line, texts, result))
                 while len(in_flight) > 2 * num_workers or (in_flight and in_flight[0][3].ready()):
                     f_idx, f_line, f_texts, result = in_flight.popleft()
                     write(f_idx, f_line, f_texts, result.get())
