@@ -126,6 +126,19 @@ def is_out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and ("out of memory" in str(err) or "ALLOC_FAILED" in str(err)))
 
 
+def free_step(optimizer, head: FusedHead | None, device: torch.device, collect: bool) -> None:
+    """Give back what a training step left (its gradients, the final norm's [b, T, D] output the fused loss's hook
+    keeps, with `collect` whatever a reference cycle still holds: after an out-of-memory error), so that the next
+    try starts from the model and the optimizer's state alone."""
+    optimizer.zero_grad(set_to_none=True)
+    if head is not None and head.final_norm is not None:
+        head.final_norm.value = None
+    if collect:  # gc.collect costs ~0.5 s in a big process
+        gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class StepProbe:
     """`fits(b)`: one real training step of `model` on a random batch [b, seq_length]: forward under the
     run's autocast, the run's loss, backward, optimizer step. `memory` = (reset peak, read peak) in bytes; a
@@ -156,13 +169,7 @@ class StepProbe:
         self.optimizer.step()
 
     def free(self, collect: bool = False) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.head is not None and self.head.final_norm is not None:
-            self.head.final_norm.value = None  # the last forward's [b, T, D] hidden states
-        if collect:  # after an OOM: anything a reference cycle still holds (gc.collect costs ~0.5 s in a big process)
-            gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the next candidate starts from the model + optimizer state alone
+        free_step(self.optimizer, self.head, self.device, collect)
 
     def release(self) -> None:
         """Drop the model, optimizer and held tensors (the caller's references are its own business)."""

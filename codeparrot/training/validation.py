@@ -95,8 +95,7 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
         else:
             if shape is None:
                 raise ValueError("evaluate: a process had no validation data and no dummy_shape was given")
-            input_ids = torch.zeros(shape, dtype=torch.long, device=device)
-            labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long, device=device)
+            input_ids, labels = pad_rows(torch.zeros((0, shape[1]), dtype=torch.long, device=device), shape[0])
         batch_loss, batch_count = token_loss_sum(model, input_ids, labels, head_weight)
         loss_sum += batch_loss.double()
         count += batch_count

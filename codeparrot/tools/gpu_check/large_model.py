@@ -17,7 +17,6 @@ at the largest micro-batch that fits, with activation checkpointing only if noth
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
@@ -41,7 +40,7 @@ from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_at
 from codeparrot.training.config import OptimConfig
 from codeparrot.training.loss import FusedHead, forward_loss, fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token
-from codeparrot.training.micro_batch import is_out_of_memory
+from codeparrot.training.micro_batch import free_step, is_out_of_memory
 from codeparrot.training.optim import build_optimizer
 from codeparrot.training.regional_compile import compile_blocks
 
@@ -133,22 +132,11 @@ class LargeModel:
                 raise
             out_of_memory = short_error(err)
         if out_of_memory:  # freed outside the handler: the exception's frames held the activations
-            self.free()
+            free_step(self.optimizer, self.head, self.device, collect=True)
         row.update(fits=out_of_memory is None, seconds=time.perf_counter() - start)
         if out_of_memory:
             row["detail"] = out_of_memory
         return row
-
-    def free(self) -> None:
-        """After an out-of-memory error: what the failed step left (gradients, the final norm's [B, T, D] output,
-        whatever a reference cycle holds) goes back to the device, so the next size starts from the model and
-        AdamW's state alone."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.head is not None and self.head.final_norm is not None:
-            self.head.final_norm.value = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     def measure(self, micro_batch: int, cfg: GpuCheckConfig) -> dict:
         """The recipe's fast path at `micro_batch`: compiled blocks and loss on CUDA, warm-up, timed steps."""
@@ -231,7 +219,7 @@ def large_model_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig,
             if not is_out_of_memory(err):
                 raise
             result.setdefault("measure_errors", []).append(f"micro-batch {size}: {short_error(err)}")
-        runner.free()
+        free_step(runner.optimizer, runner.head, runner.device, collect=True)
     else:
         result["not_measured"] = "every size ran out of memory once compiled (measure_errors)"
     return result
