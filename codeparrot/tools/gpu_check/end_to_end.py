@@ -119,7 +119,8 @@ def run_logged(command: list[str], log: Path, deadline: float, extra_env: dict[s
         raise RuntimeError(f"train.py exited {code}: {' | '.join(tail)} (log: {log})")
 
 
-def logged_losses(run_dir: Path) -> dict[int, dict]:
+def training_entries(run_dir: Path) -> dict[int, dict]:
+    """{step: entry} of the training log lines of `<run>/metrics.jsonl` (evaluation entries have no loss)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     return {row["step"]: row for row in rows if "loss" in row}
 
@@ -134,11 +135,11 @@ def end_to_end_stage(root: Path, shapes: Shapes, deadline: float | None = None,
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     command, env = train_command(shapes, model, tokens, run_dir, device.type == "cuda"), cli_env(shapes, device)
     run_logged(command, root / "train.log", deadline, env)
-    first = logged_losses(run_dir)
+    first = training_entries(run_dir)
     shutil.rmtree(run_dir / "checkpoints" / f"step-{STEPS}")
     shutil.rmtree(run_dir / "final")
     run_logged([*command, "--resume", "auto"], root / "resume.log", deadline, env)
-    resumed = logged_losses(run_dir)
+    resumed = training_entries(run_dir)
     resume_log = (root / "resume.log").read_text(encoding="utf-8", errors="replace")
     later = [row for step, row in sorted(first.items()) if step > LOG_EVERY]  # the first window holds start-up
     diffs = [abs(resumed[s]["loss"] - first[s]["loss"]) for s in first if s > STEPS - SAVE_EVERY and s in resumed]

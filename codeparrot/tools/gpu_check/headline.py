@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from codeparrot.tools.gpu_check.config import REPO_ROOT, Shapes
-from codeparrot.tools.gpu_check.end_to_end import cli_env, error_line, launcher, run_until
+from codeparrot.tools.gpu_check.end_to_end import cli_env, error_line, launcher, run_until, training_entries
 
 LOG_EVERY = 2
 # One row's wall-clock limit: start-up, compilation and 14 steps took 50-60 s on an H100 (micro-batch 12 and 48,
@@ -113,12 +113,10 @@ def log_tail(log: Path) -> list[str]:
 
 
 def logged_losses(run_dir: Path) -> list[float]:
-    """The training losses of `<run>/metrics.jsonl`, in step order (evaluation entries have none)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    """The training losses of `<run>/metrics.jsonl`, in step order; none without the file."""
+    if not (run_dir / "metrics.jsonl").is_file():
         return []
-    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [e["loss"] for e in entries if "loss" in e]
+    return [entry["loss"] for entry in training_entries(run_dir).values()]
 
 
 def compare_with_eager(rows: list[dict]) -> None:

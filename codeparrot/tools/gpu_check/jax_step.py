@@ -42,6 +42,12 @@ def emit(entry: dict) -> None:
     print(MARK + json.dumps(entry), flush=True)
 
 
+def one_line(err: BaseException, width: int) -> str:
+    """`Type: first line of the message`, the message cut to `width` characters (jax's errors span pages)."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:width] if text else ''}"
+
+
 def init_params(jax, spec: dict, key) -> dict:
     """GPT-2's init: N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 L)), zero biases, unit gains."""
     jnp = jax.numpy
@@ -173,8 +179,7 @@ def run_variant(jax, spec: dict, attention: str) -> dict:
         except Exception as err:  # noqa: BLE001 - e.g. cuDNN refusing this shape or dtype: jax's default next
             if implementation is None:
                 raise
-            text = str(err).strip().splitlines()
-            refused.append(f"{implementation}: {type(err).__name__}: {text[0][:160] if text else ''}")
+            refused.append(f"{implementation}: {one_line(err, 160)}")
     compile_s = time.perf_counter() - start
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
     n_matmul = n_params - params["wpe"].size  # the MFU convention: all but the position embeddings
@@ -222,9 +227,8 @@ def main(argv: list[str]) -> int:
         try:
             emit({"row": run_variant(jax, spec, attention)})
         except Exception as err:  # noqa: BLE001 - e.g. out of memory in one variant: the next still runs
-            text = str(err).strip().splitlines()
             emit({"row": {"variant": f"jax, {attention} attention", "attention": attention,
-                          "error": f"{type(err).__name__}: {text[0][:200] if text else ''}"}})
+                          "error": one_line(err, 200)}})
     return 0
 
 
