@@ -111,6 +111,11 @@ class Job:
             log.debug("listener failed", exc_info=True)
 
 
+def _distinct_jobs(rows: list[tuple[Job, _Sequence]]) -> list[Job]:
+    """The requests of batch rows (a request with n sequences holds n rows), each once, in row order."""
+    return list({id(job): job for job, _ in rows}.values())
+
+
 class Engine:
     """Continuous batching over one model. `start()`, then `submit()` from any thread; `close()` to stop."""
 
@@ -230,7 +235,7 @@ class Engine:
             try:
                 self.batch.add(parts)
             except Exception as err:  # noqa: BLE001 - out of memory growing the batch: the joiners fail, not it
-                self._fail(list({id(job): job for job, _ in joining}.values()), err)
+                self._fail(_distinct_jobs(joining), err)
             else:
                 self._rows = self._rows + joining  # a new list: stats() reads it from other threads
                 self.counts["largest_batch"] = max(self.counts["largest_batch"], len(self._rows))
@@ -297,9 +302,7 @@ class Engine:
         try:
             logits = self.batch.step([seq.tokens[-1].id for _, seq in rows])
         except Exception as err:  # noqa: BLE001 - fail the requests of this batch, keep serving the next ones
-            self._rows = []
-            self.batch.clear()
-            self._fail(list({id(job): job for job, _ in rows}.values()), err)
+            self._fail_batch(err)
             return
         self.counts["steps"] += 1
         keep: list[int] = []
@@ -325,10 +328,14 @@ class Engine:
         try:
             self.batch.keep(keep)
         except Exception as err:  # noqa: BLE001
-            running = list({id(job): job for job, _ in self._rows}.values())
-            self._rows = []
-            self.batch.clear()
-            self._fail(running, err)
+            self._fail_batch(err)
+
+    def _fail_batch(self, err: Exception) -> None:
+        """Fail every request in the batch with `err` and empty it; the engine goes on with the next ones."""
+        running = _distinct_jobs(self._rows)
+        self._rows = []
+        self.batch.clear()
+        self._fail(running, err)
 
     def _advance(self, job: Job, logits: torch.Tensor, indices: list[int]) -> list[int]:
         """Choose and record the next token of `job`'s sequences `indices` (rows of `logits`); returns the indices
@@ -380,9 +387,9 @@ class Engine:
     def _drop_cancelled(self) -> None:
         if not any(job.cancelled for job, _ in self._rows):
             return
-        gone = {id(job): job for job, _ in self._rows if job.cancelled}
+        gone = [job for job in _distinct_jobs(self._rows) if job.cancelled]
         self._keep_rows(self._rows, [k for k, (job, _) in enumerate(self._rows) if not job.cancelled])
-        for job in gone.values():
+        for job in gone:
             self._finish_cancelled(job)
 
     def _finish_cancelled(self, job: Job) -> None:
@@ -403,8 +410,7 @@ class Engine:
 
     def _fail_all(self, error: ApiError) -> None:
         """End every waiting and running request with `error` (shutdown, or the engine's own failure)."""
-        jobs = list({id(job): job for job, _ in self._rows}.values())
-        jobs += [job for job in self._admitted if not job.ended]  # out of the queue, not yet in the batch
+        jobs = _distinct_jobs(self._rows) + self._admitted  # the admitted: out of the queue, not yet in the batch
         self._rows, self._admitted = [], []
         self.batch.clear()
         with self._cond:
