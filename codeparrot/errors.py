@@ -63,25 +63,28 @@ def run_cli(main: Callable[[], int | None]) -> None:
     sys.exit(code or 0)
 
 
-def report_error_line(line: str) -> None:
+def report_error_line(line: str, status: int = USER_ERROR_EXIT) -> None:
     """Print `line` (an `error: ...` line) once for the whole job: the main process prints it, unless
-    `scripts/launch.py` prints it itself from the error file this writes for every process."""
-    recorded = _record_for_launcher(line)
+    `scripts/launch.py` prints it itself from the error file this writes for every process. `status`: the exit
+    status the process is about to leave with, recorded beside the line (the launcher's job leaves with it even
+    when this process is stopped by a signal before it leaves: another rank failed first)."""
+    recorded = _record_for_launcher(line, status)
     if is_main_launched_process() and not (recorded and os.environ.get(LAUNCHER_REPORTS_ENV) == "1"):
         print(line, file=sys.stderr, flush=True)
 
 
-def _record_for_launcher(line: str) -> bool:
+def _record_for_launcher(line: str, status: int) -> bool:
     """Write the error into torch elastic's error file for this process, when its launcher gave one.
 
     torch's launcher stops the other processes as soon as one fails: the main process may be stopped before it
     prints. The file lets the launcher show the message anyway (`scripts/launch.py` prints it; plain
     `accelerate launch` shows it in its report). Same JSON shape as torch's own `@record` handler.
-    Returns whether the file was written."""
+    `exitStatus` is ours (torch ignores it). Returns whether the file was written."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return False
-    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time())),
+                                                       "exitStatus": status}}}
     try:  # not codeparrot.atomic_io (it imports this module); the launcher reads the file after this process exits
         Path(path).write_text(json.dumps(data), encoding="utf-8")
     except OSError:

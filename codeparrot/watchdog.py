@@ -165,7 +165,7 @@ class StallWatchdog:
                 faulthandler.dump_traceback(file=log, all_threads=True)
         except OSError as err:  # the log's file system may be what hangs: say so on the console instead
             line += f" (could not write it: {err})"
-        report_error_line(line)  # once per job: the main process, or scripts/launch.py from the error files
+        report_error_line(line, STALL_EXIT)  # once per job: the main process, or scripts/launch.py from the error files
         if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
             time.sleep(EXIT_GRACE_SECONDS)
         self._exit(STALL_EXIT)

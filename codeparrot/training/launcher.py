@@ -49,11 +49,16 @@ def describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
-def recorded_error(message) -> str | None:
-    """The `error: ...` line `run_cli` wrote into a failed process's error file (torch parses it as `message`)."""
-    if isinstance(message, dict):
-        message = message.get("message")
-    return message if isinstance(message, str) and message.startswith("error: ") else None
+def recorded_error(message) -> tuple[str, int] | None:
+    """The `error: ...` line `report_error_line` wrote into a failed process's error file (torch parses it as
+    `message`) and the exit status recorded beside it (the process itself may have been stopped by a signal
+    before it left with that status: another rank failed first)."""
+    if not isinstance(message, dict):
+        return None
+    line, status = message.get("message"), (message.get("extraInfo") or {}).get("exitStatus", USER_ERROR_EXIT)
+    if not isinstance(line, str) or not line.startswith("error: ") or status not in REPORTED_EXITS:
+        return None
+    return line, status
 
 
 def failure_line(script: str, rank: int | None, code: int) -> str | None:
@@ -89,11 +94,12 @@ def launch(argv: list[str]) -> int:
         # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
         # cause: the other processes were stopped because of it, their SIGTERM is not news
         # (a user error, status 2, or a stall the watchdog reported, status 75: codeparrot/watchdog.py)
-        recorded = sorted((rank, recorded_error(f.message), f.exitcode) for rank, f in err.failures.items()
+        recorded = sorted((rank, recorded_error(f.message)) for rank, f in err.failures.items()
                           if recorded_error(f.message))
         if recorded:
-            print(recorded[0][1], file=sys.stderr, flush=True)
-            return recorded[0][2] if recorded[0][2] > 0 else USER_ERROR_EXIT
+            line, status = recorded[0][1]
+            print(line, file=sys.stderr, flush=True)
+            return status
         rank, failure = err.get_first_failure()
         line = failure_line(script, rank, failure.exitcode)
         if line:

@@ -92,3 +92,22 @@ def test_accelerate_launch_two_processes_print_the_error_once_without_a_warning_
     # torch's ChildFailedError report, read from the error file run_cli writes
     assert everything.splitlines().count(ERROR) <= 1, everything
     assert f"traceback : {ERROR}" in everything, everything
+
+
+def test_a_recorded_stall_keeps_its_status_when_the_launcher_stops_that_rank_first(repo_root, scripts_env, tmp_path):
+    # Both ranks' watchdogs report a stall (exit 75, resumable). Rank 1 leaves first; torch then stops rank 0 with
+    # SIGTERM while it waits to leave. The job still ends with rank 0's line and the stall's status, not 2.
+    stalled = tmp_path / "stalled.py"
+    stalled.write_text("import os, time\nfrom pathlib import Path\n"
+                       "from codeparrot.errors import STALL_EXIT, report_error_line\n"
+                       "rank = os.environ['RANK']\n"
+                       "report_error_line(f'error: stalled: rank {rank} waiting for step 3', STALL_EXIT)\n"
+                       f"Path({str(tmp_path)!r}, 'reported-' + rank).touch()\n"
+                       "if rank == '1':\n"
+                       f"    while not Path({str(tmp_path)!r}, 'reported-0').exists():\n"
+                       "        time.sleep(0.05)\n"
+                       "    os._exit(STALL_EXIT)\n"
+                       "time.sleep(60)\n", encoding="utf-8")
+    done = _run(repo_root, scripts_env, LAUNCH, _two_processes(), [str(stalled)])
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert (done.stdout + done.stderr).strip().splitlines() == ["error: stalled: rank 0 waiting for step 3"]
