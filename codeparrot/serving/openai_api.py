@@ -120,7 +120,8 @@ async def to_jobs(state: ServingState, req: CompletionRequest) -> tuple[list[str
                        "(trained before they were reserved); send the prompt without a suffix", "suffix")
         prompts = [fim_prompt(p, req.suffix) for p in prompts]
     ids = [await state.prompt_ids(p, param="prompt") for p in prompts]
-    new = min(state.new_tokens(req.max_tokens, len(i), "max_tokens", DEFAULT_MAX_TOKENS) for i in ids)
+    new = min(state.new_tokens(req.max_tokens, len(i), "max_tokens", DEFAULT_MAX_TOKENS, prompt_param="prompt")
+              for i in ids)
     params = SamplingParams(max_new_tokens=new, n=n, temperature=temperature, top_p=top_p, seed=req.seed,
                             stop=stops, top_logprobs=logprobs, stream=bool(req.stream),
                             prompt_logprobs=bool(req.echo and req.logprobs is not None))

@@ -84,24 +84,26 @@ class ServingState:
         text.encode("utf-8")  # a UnicodeEncodeError naming the place, where the Rust tokenizer says "must be str"
         return self._backend.encode(text, add_special_tokens=False).ids
 
-    def new_tokens(self, requested: int | None, prompt_len: int, param: str, default: int | None = None) -> int:
+    def new_tokens(self, requested: int | None, prompt_len: int, param: str, default: int | None = None,
+                   prompt_param: str = "inputs") -> int:
         """The number of new tokens a request gets: `requested` (or `default`, or as many as fit) within
-        --max-new-tokens and the context."""
+        --max-new-tokens and the context. `param` / `prompt_param`: the request's names for the two."""
         room = self.limits.context - prompt_len
         if requested is None:
             requested = min(default if default is not None else room, self.limits.max_new_tokens, room)
             if requested >= 1:
                 return requested
             raise ApiError(f"the prompt is {prompt_len} tokens and fills the model's context of "
-                           f"{self.limits.context}: no room for new tokens", "validation", param)
+                           f"{self.limits.context}: no room for new tokens", "validation", prompt_param)
         if requested < 1:
             raise ApiError(f"`{param}` must be at least 1, got {requested}", "validation", param)
         if requested > self.limits.max_new_tokens:
             raise ApiError(f"`{param}` must be at most {self.limits.max_new_tokens} (--max-new-tokens), got "
                            f"{requested}", "validation", param)
         if requested > room:
-            raise ApiError(f"`inputs` tokens + `{param}` must be <= {self.limits.context} (the model's context). "
-                           f"Given: {prompt_len} `inputs` tokens and {requested} `{param}`", "validation", param)
+            raise ApiError(f"`{prompt_param}` tokens + `{param}` must be <= {self.limits.context} (the model's "
+                           f"context). Given: {prompt_len} `{prompt_param}` tokens and {requested} `{param}`",
+                           "validation", param)
         return requested
 
     def check_stops(self, stops: list[str], param: str = "stop") -> tuple[str, ...]:

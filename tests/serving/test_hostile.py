@@ -150,6 +150,9 @@ def test_sizes_and_limits(hostile):
                      422, "validation", "must be <= 64")
     assert_openai_error(request(hostile, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 10**9}), 400,
                         "at most")
+    # each API's own field names: OpenAI has no `inputs`
+    assert_openai_error(request(hostile, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 63}), 400,
+                        "`prompt` tokens + `max_tokens` must be <= 64")
     assert_tgi_error(request(hostile, "GET", "/nowhere"), 404, "not_found")
     assert_tgi_error(request(hostile, "GET", "/generate"), 405, "not_allowed")
     assert settled(hostile)["failed"] == 0
