@@ -92,6 +92,18 @@ def _record_for_launcher(line: str, status: int) -> bool:
     return True
 
 
+def first_line(err: BaseException | str, default: str | None = None) -> str:
+    """The first non-blank line of an error's message: what a one-line report shows of a library's error (theirs
+    span pages: tracebacks, advice, request ids). Where the message is blank: `default`, or else the exception's
+    type name ("" for text)."""
+    lines = str(err).strip().splitlines()
+    if lines:
+        return lines[0].strip()
+    if default is not None:
+        return default
+    return type(err).__name__ if isinstance(err, BaseException) else ""
+
+
 def is_main_launched_process() -> bool:
     """True unless this process is a non-zero rank started by a distributed launcher (which sets RANK)."""
     return os.environ.get("RANK", "0").strip() in ("", "0")

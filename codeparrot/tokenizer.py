@@ -35,7 +35,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from codeparrot.atomic_io import atomic_dir, atomic_write_json
 from codeparrot.config import REQUIRED, doc
 from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.fim.tokens import FIM_TOKENS
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 
@@ -181,8 +181,7 @@ def load_tokenizer(path: str, revision: str | None = None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except Exception as err:  # broken JSON, unknown class, missing vocab: one line naming the folder
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CodeParrotError(f"cannot load the tokenizer in {folder}: {first}") from None
+        raise CodeParrotError(f"cannot load the tokenizer in {folder}: {first_line(err)}") from None
     if tokenizer.eos_token_id is None or tokenizer.convert_tokens_to_ids(EOS_TOKEN) != tokenizer.eos_token_id:
         raise CodeParrotError(f"tokenizer in {folder} does not use {EOS_TOKEN} as its EOS token")
     return tokenizer

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from codeparrot.app.models import ModelCache
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.repository.base import CheckpointRepository, validate_branch_name, validate_revision
 from codeparrot.repository.refs import open_repository
 
@@ -63,7 +63,7 @@ def error_line(err: BaseException) -> str:
     """The one line a page shows for a failed request."""
     if isinstance(err, CodeParrotError):
         return f"error: {err}"
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    first = first_line(err, "")
     return f"error: internal error ({type(err).__name__}{': ' + first[:200] if first else ''}); the app keeps serving"
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from codeparrot.data.records import BadRecords, Location, iter_raw_records, parse_line, resolve_data_files
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 
 HUB_PREFIX = "hf://datasets/"
 
@@ -82,8 +82,7 @@ def _json_default(value: Any) -> str:
 
 def _stream_error(hub: HubInput, err: Exception) -> CodeParrotError:
     """One line for whatever datasets/huggingface_hub raised (not found, offline, bad split, ...)."""
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return CodeParrotError(f"cannot stream {hub}: {first}")
+    return CodeParrotError(f"cannot stream {hub}: {first_line(err)}")
 
 
 def _stream(hub: HubInput):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from codeparrot.data.hub_input import HubInput
 from codeparrot.data.preprocess_config import PreprocessConfig
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 
 # Ray reads these when it is imported. A single-node Ray normally advertises the machine's outward address
 # (127.0.0.1 passed as the node address is rewritten to it) and its gRPC servers then listen on every
@@ -67,8 +67,7 @@ def start_ray(cfg: PreprocessConfig) -> bool:
     try:
         ray.init(address=cfg.ray_address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise CodeParrotError(f"cannot join the Ray cluster at {cfg.ray_address}: {first}") from None
+        raise CodeParrotError(f"cannot join the Ray cluster at {cfg.ray_address}: {first_line(err)}") from None
     return True
 
 

@@ -75,7 +75,7 @@ from codeparrot.data.ray_read import ExactDedup, read_units
 from codeparrot.data.record_work import ChunkWorker
 from codeparrot.data.records import BadRecords
 from codeparrot.data.shards import SHARD_PATTERN, ShardInfo, ShardWriter
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 
 SPLITS = ("train", "valid")
 
@@ -120,7 +120,7 @@ def _one_line_errors(run):
             if isinstance(inner, BaseException):
                 cause = inner
             elif isinstance(cause, CodeParrotError):  # only its first line: no retry advice, no traceback
-                raise CodeParrotError(str(cause).splitlines()[0]) from None
+                raise CodeParrotError(first_line(cause)) from None
             else:
                 cause = cause.__cause__ or cause.__context__
         raise

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
 
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 
 # GPT-2's pre-tokenizer pattern ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) on
 # ASCII text: \p{L} is [A-Za-z], \p{N} is [0-9], and \s is the Unicode White_Space set's ASCII part (TAB, LF, VT,
@@ -139,8 +139,7 @@ class TokenCounter:
 
             tok = AutoTokenizer.from_pretrained(self.path)
         except Exception as err:  # transformers raises many types for a folder that is not a tokenizer
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise CodeParrotError(f"cannot load a tokenizer from {self.path}: {first}") from None
+            raise CodeParrotError(f"cannot load a tokenizer from {self.path}: {first_line(err)}") from None
         backend = getattr(tok, "backend_tokenizer", None)
         if backend is not None:
             import tokenizers

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from huggingface_hub import CommitOperationCopy, CommitOperationDelete, HfApi, constants, errors, snapshot_download
 
 import codeparrot.repository.base as base
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.redaction import scrub_secrets
 from codeparrot.repository.base import BranchInfo, CheckpointRepository, CommitInfo
 
@@ -40,8 +40,7 @@ def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None 
             isinstance(err, errors.LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE):
         return CodeParrotError(f"{what} {at}: the Hub is offline (HF_HUB_OFFLINE=1) and {at} is not in the "
                                "local cache")
-    lines = str(err).strip().splitlines()
-    return CodeParrotError(scrub(f"{what} {at} failed: {type(err).__name__}: {lines[0] if lines else ''}"))
+    return CodeParrotError(scrub(f"{what} {at} failed: {type(err).__name__}: {first_line(err, '')}"))
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.PathLike | None = None,

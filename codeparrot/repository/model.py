@@ -24,7 +24,7 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from codeparrot.config import doc, load_config
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 
@@ -176,8 +176,7 @@ def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
         with quiet_transformers_bars():
             model = GPT2LMHeadModel.from_pretrained(str(folder), **kwargs)
     except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CodeParrotError(f"cannot load the model in {folder}: {first}") from None
+        raise CodeParrotError(f"cannot load the model in {folder}: {first_line(err)}") from None
     skip_padding_check(model)
     return model
 

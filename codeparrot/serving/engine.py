@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from codeparrot.errors import first_line
 from codeparrot.repository.model import model_context
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.kv_batch import KVBatch
@@ -400,7 +401,7 @@ class Engine:
 
     def _fail(self, jobs: list[Job], err: Exception) -> None:
         log.error("generation failed for %d request(s)", len(jobs), exc_info=err)
-        first = (str(err).strip().splitlines() or [""])[0][:200]
+        first = first_line(err, "")[:200]
         error = ApiError(f"generation failed: {type(err).__name__}" + (f": {first}" if first else ""), "generation")
         for job in jobs:
             with self._cond:

@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 from accelerate.utils import DistributedType, DynamoBackend
 
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.training.causal_attention import CAUSAL_SDPA
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.loss import forward_loss
@@ -97,7 +97,7 @@ def capture_failure(err: BaseException) -> str:
             break
         chain.append(inner)
         seen.add(id(inner))
-    first = [(str(e).strip().splitlines() or [type(e).__name__])[0] for e in reversed(chain)]
+    first = [first_line(e) for e in reversed(chain)]
     return first[0] if len(first) == 1 else f"{first[0]}; then: {first[-1]}"
 
 

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from codeparrot.errors import first_line
 from codeparrot.tools.gpu_check.config import Shapes
 from codeparrot.training.loss import linear_cross_entropy_sum
 from codeparrot.training.mfu import peak_flops
@@ -64,8 +65,7 @@ def peak_memory_gib(device: torch.device) -> float | None:
 
 
 def short_error(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:160] if text else ''}"
+    return f"{type(err).__name__}: {first_line(err, '')[:160]}"
 
 
 def device_stage(device: torch.device, shapes: Shapes) -> dict:

@@ -49,7 +49,7 @@ from typing import Iterator
 import numpy as np
 
 from codeparrot.data.records import BadRecord, iter_record_lines, parse_record_line
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, first_line
 
 
 def parse_record(raw: bytes, text_column: str, path: str, line: int) -> str:
@@ -148,8 +148,7 @@ class HubRecordStream:
         try:
             ds = load_dataset(self.name, data_files=self.data_files, split=self.split, streaming=True)
         except Exception as err:  # the library raises many types (connection, missing split, bad builder...)
-            raise CodeParrotError(f"cannot stream dataset {self.name} split {self.split}: "
-                                  f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+            raise CodeParrotError(f"cannot stream dataset {self.name} split {self.split}: {first_line(err)}") from None
         return ds
 
     def start_epoch(self, epoch: int) -> None:
