@@ -23,8 +23,10 @@ from typing import Callable
 USER_ERROR_EXIT = 2
 # The exit status of a process the stall watchdog stopped (codeparrot.training.watchdog), after its `error:` line.
 STALL_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, the run can be resumed
-# Statuses whose process reported its own one `error:` line (the launcher adds nothing).
-REPORTED_EXITS = (USER_ERROR_EXIT, STALL_EXIT)
+# The exit status of a training run that SIGTERM stopped after a step with a checkpoint (training/stop_signal.py).
+PREEMPTED_EXIT = 128 + 15  # the shell's status for "terminated by SIGTERM"
+# Statuses whose process reported its own one line (the launcher adds nothing).
+REPORTED_EXITS = (USER_ERROR_EXIT, STALL_EXIT, PREEMPTED_EXIT)
 # Set by `scripts/launch.py` for the processes it starts: the launcher prints the `error:` line itself, once, after
 # every process has exited (read from torch elastic's per-process error file), so the processes don't.
 LAUNCHER_REPORTS_ENV = "CODEPARROT_LAUNCHER_REPORTS"

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from codeparrot.config import describe, load_config
-from codeparrot.errors import CodeParrotError, run_cli
+from codeparrot.errors import PREEMPTED_EXIT, CodeParrotError, run_cli
 from codeparrot.training.config import TrainConfig
 
 
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     from codeparrot.training.train import train  # heavy imports only after the arguments are known to be valid
 
     result = train(cfg, resume=args.resume, inspect_batches=args.inspect_batches, profile_steps=profile)
+    if result is not None and result.stopped_by_signal:
+        return PREEMPTED_EXIT  # resumable: its line is printed
     if result is not None and result.push_errors:
         return 1
     return 0

@@ -111,7 +111,12 @@ def launch(argv: list[str]) -> int:
         if line:
             print(line, file=sys.stderr, flush=True)
         return err.returncode if err.returncode > 0 else 128 - err.returncode
-    except (SignalException, KeyboardInterrupt):
+    except SignalException as err:  # the launcher's own SIGTERM (or SIGHUP...): forwarded, the processes waited for
+        # (SIGTERM: a training run saves a checkpoint and says so itself; training/stop_signal.py)
+        name = signal.Signals(err.sigval).name
+        print(f"interrupted by {name}", file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)
+    except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
     return 0

@@ -75,6 +75,7 @@ from codeparrot.training.reporting import (
 )
 from codeparrot.training.run_data import build_datasets, make_loader, print_batches, run_eval
 from codeparrot.training.sharding import enable_fsdp_on_cpu, reduce_gradients_in_fp32, report_sharding
+from codeparrot.training.stop_signal import StopSignal, restores_sigterm
 from codeparrot.training.validation import EvalResult
 from codeparrot.training.watchdog import stops_watchdogs, training_watchdog
 
@@ -87,9 +88,11 @@ class TrainResult:
     final_eval: EvalResult | None = None
     last_checkpoint: Path | None = None
     push_errors: list[str] = field(default_factory=list)
+    stopped_by_signal: bool = False  # SIGTERM stopped it after `step`, checkpoint saved, not finished
 
 
 @stops_watchdogs  # a stall watchdog never outlives its run
+@restores_sigterm  # nor its SIGTERM handler
 def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
           profile_steps: tuple[int, int] | None = None) -> TrainResult | None:
     """Run (or resume) the training described by `cfg`. `resume`: None, "auto" or a step-N folder.
@@ -207,6 +210,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     clock, clock_steps = time.perf_counter(), 0
     deadline = None if cfg.max_minutes is None else time.perf_counter() + 60 * cfg.max_minutes
     stop = False  # set at a log step when max_minutes has run out (agreed on by all processes)
+    # SIGTERM (a cluster's preemption or time limit): stop after an agreed step with a checkpoint; stop_signal.py
+    stop_signal = StopSignal(device, distributed=world > 1).install()
+    preempted = False
     profiler = None
     # The bar only on a terminal: in a log file its redraws would share lines with the log lines, which
     # already say the step, loss and speed every `log_every` steps.
@@ -232,6 +238,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         optimizer.zero_grad(set_to_none=not run_micro_step.keeps_gradients)  # a CUDA graph adds into the same memory
         step, tokens_seen, clock_steps = step + 1, tokens_seen + tokens_per_step, clock_steps + 1
         watchdog.beat(step)
+        preempted = stop_signal.agreed()  # the same answer on every process (one step late: no device wait)
         bar.update(1)
         if profiler is not None and step == profile_steps[1]:
             profiler.stop()
@@ -260,8 +267,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
                 if stop and main:
                     bar.write(f"max_minutes {cfg.max_minutes} reached: stopping at step {step}")
 
-        is_last = step == cfg.max_steps or stop
-        if valid_ds is not None and (is_last or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)):
+        is_last = step == cfg.max_steps or stop or preempted
+        evaluate_now = is_last or (cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0)
+        if valid_ds is not None and evaluate_now and not preempted:  # preempted: the grace period is for saving
             result.final_eval = run_eval(cfg, model, head, valid_ds, accelerator, device)
             ev = result.final_eval
             log(accelerator, metrics, {"step": step, "tokens_seen": tokens_seen, **ev.metrics()})
@@ -276,12 +284,12 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             result.last_checkpoint = save_checkpoint(
                 accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),
                 train_loader.state_dict(), config_dict, cfg.checkpoint.keep_last)
-            if pusher is not None:
+            if pusher is not None and not preempted:
                 pusher.push(result.last_checkpoint, f"step {step}", include=None if
                             cfg.checkpoint.push_training_state else model_files(result.last_checkpoint))
             clock, clock_steps = time.perf_counter(), 0
             watchdog.beat(step)
-        if stop:
+        if stop or preempted:
             break
     bar.close()
 
@@ -290,7 +298,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         profiler.stop()
     if result.last_checkpoint is None and list_checkpoints(run_dir):
         result.last_checkpoint = list_checkpoints(run_dir)[-1][1]  # resumed a finished run: nothing to do
-    if result.last_checkpoint is not None and result.last_checkpoint.name == f"step-{step}":
+    if not preempted and result.last_checkpoint is not None and result.last_checkpoint.name == f"step-{step}":
         save_final_model(accelerator, model, tokenizer, run_dir / "final")
     watchdog.stop()  # waiting for a push (its own timeouts) is not a stall
     if pusher is not None:
@@ -299,10 +307,13 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             warnings.warn(error)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    result.step, result.tokens_seen = step, tokens_seen
+    result.step, result.tokens_seen, result.stopped_by_signal = step, tokens_seen, preempted
+    if main and preempted:
+        print(f"stopped by SIGTERM after step {step}: saved {result.last_checkpoint}; `--resume auto` continues "
+              f"from it", file=sys.stderr, flush=True)
     if main and throughput.windows:
         print(throughput.write(run_dir, peak, peak_source))  # median tokens/s and MFU after the warm-up window
-    if main and (run_dir / "final").is_dir():
+    if main and not preempted and (run_dir / "final").is_dir():
         pushed = f"; pushed to {cfg.model} branch {cfg.run_name}, commit {pusher.commits[-1][:12]}" if (
             pusher is not None and pusher.commits) else ""
         print(f"final model (step {step}): {run_dir / 'final'}{pushed}")

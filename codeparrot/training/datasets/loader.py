@@ -31,6 +31,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.repository.datasets import resolve_dataset
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.pretokenized import PretokenizedDataset, is_pretokenized, validate_against_tokenizer
+from codeparrot.training.stop_signal import ignore_sigterm
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -101,7 +102,8 @@ def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int,
         warnings.filterwarnings("ignore", message=".*set_vital.*")
         return CheckedStatefulDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                          pin_memory=pin_memory, drop_last=drop_last, persistent_workers=False,
-                                         snapshot_every_n_steps=snapshot_every_n_steps, **extra)
+                                         snapshot_every_n_steps=snapshot_every_n_steps,
+                                         worker_init_fn=ignore_sigterm, **extra)  # training/stop_signal.py
 
 
 class CheckedStatefulDataLoader(StatefulDataLoader):

@@ -1,0 +1,104 @@
+"""SIGTERM stops a training run after a step, with a checkpoint, instead of losing every step since the last one.
+
+Clusters end a job with SIGTERM and SIGKILL a grace period later: Slurm signals every process of the job (KillWait,
+30 s by default), torch elastic's launcher forwards the signal to its workers and waits 30 s, Kubernetes waits
+terminationGracePeriodSeconds (30 s by default). The handler only notes the signal. After every optimizer step the
+processes agree on "a process was asked to stop" with a one-element all-reduce (MAX) whose result is read one step
+later: by then the device has long finished it, so the read waits for that point of the stream only, never for the
+step in flight, and the loop still does not wait on the device. Every process reads the same agreed value, so all
+stop after the same step. The loop then saves a checkpoint (no evaluation and no push: the grace period is short)
+and the process leaves with `PREEMPTED_EXIT` (143 = 128 + SIGTERM) after one line naming it; `--resume auto`
+continues from it exactly.
+
+Further SIGTERMs change nothing (a launcher forwards the one the cluster already sent each process); SIGKILL or
+Ctrl-C stop at once. DataLoader workers ignore SIGTERM (training/datasets/loader.py): their main process ends them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from functools import wraps
+from typing import Callable
+
+import torch
+
+
+class StopSignal:
+    """`install()` before the loop; `agreed()` once per optimizer step on every process: True when all stop now."""
+
+    def __init__(self, device: torch.device, distributed: bool):
+        self.device = device
+        self.distributed = distributed
+        self.received = False  # this process got SIGTERM
+        self._pid = os.getpid()
+        # the last step's agreement: (its result in host memory, the event after its copy) and the tensors the
+        # asynchronous copies use, kept alive until they are done
+        self._pending: tuple | None = None
+
+    def install(self) -> "StopSignal":
+        """Take over SIGTERM (only the main thread can; elsewhere, e.g. a test's thread, SIGTERM keeps its meaning).
+        The previous handler comes back when `train` returns (`restores_sigterm`)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if os.getpid() != self._pid:  # a process forked after install: SIGTERM ends it, as it would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.received = True
+
+    def agreed(self) -> bool:
+        """Whether any process had received SIGTERM by the end of the previous step (one process alone: by now)."""
+        if not self.distributed:
+            return self.received
+        import torch.distributed as dist
+
+        agreed = self._read_pending()
+        flag = torch.tensor([int(self.received)], dtype=torch.int32)
+        if self.device.type == "cuda":
+            host = flag.pin_memory()  # pinned: the copies below do not wait for the stream to drain
+            on_device = host.to(self.device, non_blocking=True)
+            dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
+            result = torch.empty(1, dtype=torch.int32, pin_memory=True)
+            result.copy_(on_device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending = (result, event, host, on_device)
+        else:  # gloo: the collective completes before it returns
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self._pending = (flag, None)
+        return agreed
+
+    def _read_pending(self) -> bool:
+        if self._pending is None:
+            return False
+        result, event = self._pending[:2]
+        if event is not None:
+            event.synchronize()  # the previous step's end on the device: passed already, unless the device lags
+        return bool(result.item())
+
+
+def restores_sigterm(job: Callable) -> Callable:
+    """Decorator: SIGTERM's handler is what it was before `job` once it returns or raises (an in-process caller,
+    a test, keeps its own)."""
+    @wraps(job)
+    def run(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return job(*args, **kwargs)
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            return job(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    return run
+
+
+def ignore_sigterm(worker_id: int | None = None) -> None:
+    """A DataLoader worker's `worker_init_fn`: SIGTERM is for the main process (module docstring). A cluster's
+    SIGTERM reaches every process of a job; a worker killed by it would end the run with torch's "DataLoader worker
+    exited unexpectedly" before the main process could stop at a step and save."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

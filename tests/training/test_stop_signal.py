@@ -1,0 +1,99 @@
+"""SIGTERM (a cluster's preemption or time limit) stops a run after a step with a checkpoint that `--resume auto`
+continues from, instead of losing every step since the last checkpoint: two gloo processes where only rank 1 and
+rank 0's DataLoader worker get the signal (a cluster signals every process; a worker killed by it would end the
+run with torch's "worker exited unexpectedly")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from codeparrot.config import to_dict
+from codeparrot.errors import PREEMPTED_EXIT
+from codeparrot.tools.toy_run import build_toy_run
+
+pytestmark = pytest.mark.slow(40)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_process(launcher: subprocess.Popen, rank: int, timeout: float = 60) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                env = child.environ()
+            except psutil.Error:
+                continue
+            if env.get("RANK") == str(rank) and "train.py" in " ".join(child.cmdline()):
+                return child
+        time.sleep(0.1)
+    raise AssertionError(f"no rank {rank} process within {timeout} s")
+
+
+def _logged_steps(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+
+
+def test_sigterm_on_one_rank_stops_both_after_the_same_step_with_a_checkpoint(tmp_path, stdlib_texts, repo_root,
+                                                                             scripts_env):
+    toy = build_toy_run(tmp_path / "toy", stdlib_texts[:20], vocab_size=300)
+    run_dir = tmp_path / "run"
+    cfg = toy.config(max_steps=10_000, **{"output_dir": str(run_dir), "data.valid": "", "data.seq_length": 32,
+                                         "data.num_workers": 1, "batch.micro_batch_size": 2,
+                                         "checkpoint.save_steps": 0, "logging.log_steps": 1})
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(to_dict(cfg)))
+    env = {**scripts_env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "CODEPARROT_PEAK_TFLOPS": "1"}
+    launch = [sys.executable, "scripts/launch.py", "--config_file", "accelerate_config.yaml", "--num_processes", "2",
+              "--mixed_precision", "no", "--main_process_port", str(_free_port())]
+    proc = subprocess.Popen([*launch, "scripts/train.py", "--config", str(config)], cwd=repo_root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rank0, rank1 = _rank_process(proc, 0), _rank_process(proc, 1)
+        deadline = time.monotonic() + 90
+        while len(_logged_steps(run_dir / "metrics.jsonl")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _logged_steps(run_dir / "metrics.jsonl"), "training never logged a step"
+        workers = rank0.children()
+        assert workers, "rank 0 has no DataLoader worker"
+        for process in (rank1, *workers):
+            os.kill(process.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == PREEMPTED_EXIT, out + err
+    lines = [line for line in err.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert len(lines) == 1, out + err  # the main process's line, once
+    assert "Traceback" not in out + err and "error:" not in out + err, out + err
+    step = int(lines[0].split("after step ")[1].split(":")[0])
+    checkpoint = run_dir / "checkpoints" / f"step-{step}"
+    assert f"saved {checkpoint}" in lines[0] and checkpoint.is_dir(), lines[0]
+    assert not (run_dir / "final").exists()  # the run is not finished
+    assert _logged_steps(run_dir / "metrics.jsonl")[-1] == step  # both ranks stopped there: the checkpoint agrees
+
+    # `--resume auto` goes on from that step
+    done = subprocess.run([*launch[:-1], str(_free_port()), "scripts/train.py", "--config", str(config),
+                           "--resume", "auto", "--max_steps", str(step + 2)],
+                          cwd=repo_root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resumed from {checkpoint}: step {step}" in done.stdout, done.stdout
+    assert (run_dir / "final").is_dir() and _logged_steps(run_dir / "metrics.jsonl")[-1] == step + 2
