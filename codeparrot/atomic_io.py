@@ -1,19 +1,22 @@
 """Atomic outputs: write into a temporary sibling, then rename, so a crash never leaves half a result.
 
 `atomic_dir(final)` yields a temporary folder next to `final`; on success everything in it is flushed to disk
-(fsync) and the old `final` (if any) is replaced by it in two renames, on failure the temporary folder is
-removed. `atomic_write_text` does the same for one file with `os.replace`, which is atomic on POSIX when source
+(fsync) and it takes the place of the old `final` (if any) in one atomic exchange of the two names, so `final` is
+always a complete folder, the old one or the new one; on failure the temporary folder is removed. `atomic_write_text` does the same for one file with `os.replace`, which is atomic on POSIX when source
 and target share a filesystem.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import glob
 import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -58,14 +61,49 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
-        os.rename(final, old)
-    os.rename(tmp, final)
+    replaced = _publish(tmp, final)
     fsync_path(final.parent)  # the renames themselves
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)  # a crash before this: the next run removes it (our name)
+
+
+def _publish(tmp: Path, final: Path) -> Path | None:
+    """Rename the folder `tmp` to `final`; where `final` exists, return where the old one went (to be removed).
+
+    Replacing is one exchange of the two names (Linux `renameat2(RENAME_EXCHANGE)`): no moment without `final`, the
+    old folder ends up at `tmp`'s name. Where the filesystem or system cannot exchange (NFS, macOS), two renames, the
+    old folder first moved aside: a crash between the two leaves it at `.NAME.old-PID`."""
+    if not final.exists():
+        os.rename(tmp, final)
+        return None
+    if _exchange(tmp, final):
+        return tmp
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    os.rename(final, old)
+    os.rename(tmp, final)
+    return old
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names `a` and `b` atomically (`renameat2` with RENAME_EXCHANGE, Linux 3.15+, glibc 2.28+); False
+    where the system or the filesystem does not offer it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # an older C library
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):  # not offered here
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _tmp_prefix(final: Path) -> str:

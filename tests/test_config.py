@@ -151,6 +151,35 @@ def test_atomic_dir_flushes_everything_it_publishes_to_disk(tmp_path, monkeypatc
     assert {p.stat().st_ino for p in published} | {tmp_path.stat().st_ino} <= synced
 
 
+def test_replacing_an_output_never_leaves_a_moment_without_it(tmp_path, monkeypatch):
+    """A crash at any point of publishing leaves the old output or the new one, never none: after every rename
+    `out` is a complete folder. Where the exchange is not offered (NFS, macOS) two renames do it."""
+    import os
+
+    from codeparrot import atomic_io
+
+    out = tmp_path / "out"
+    with atomic_io.atomic_dir(out) as tmp:
+        (tmp / "stats.json").write_text("old")
+    real_rename = os.rename
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        assert (out / "stats.json").is_file(), f"rename {src} -> {dst} left no {out}"
+
+    monkeypatch.setattr(atomic_io.os, "rename", rename)
+    for version in ("new", "newer"):
+        with atomic_io.atomic_dir(out) as tmp:
+            (tmp / "stats.json").write_text(version)
+        assert (out / "stats.json").read_text() == version
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old folder removed, wherever it went
+    monkeypatch.setattr(atomic_io, "_exchange", lambda a, b: False)  # the fallback: correct, not crash-proof
+    monkeypatch.setattr(atomic_io.os, "rename", real_rename)
+    with atomic_io.atomic_dir(out) as tmp:
+        (tmp / "stats.json").write_text("fallback")
+    assert (out / "stats.json").read_text() == "fallback" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 @dataclass
 class _Nested:
     level: int = doc(6, "gzip level")
