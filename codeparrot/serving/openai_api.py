@@ -8,10 +8,10 @@ cut away (finish_reason "stop", as for the end of text), `n` choices per prompt,
 tokens with their log-probabilities, `stream_options.include_usage` adds a usage chunk.
 
 `suffix` is the point of this endpoint here: a non-empty `suffix` turns the request into fill-in-the-middle, the
-model's own PSM prompt `<fim_prefix>PROMPT<fim_suffix>SUFFIX<fim_middle>` (`codeparrot.fim.fim_prompt`), and the
-choice's text is the middle (generation ends at EOS or a sentinel). TGI answers `suffix` with 422 and vLLM with 400,
-so clients of those build the prompt themselves; with this server they need not (they still may). An empty or null
-`suffix` is a plain completion.
+model's own PSM prompt `<fim_prefix>PROMPT<fim_suffix>SUFFIX<fim_middle>` (`codeparrot.fim.fim_prompt_ids`: code that
+holds a sentinel's string keeps it as text, as in training), and the choice's text is the middle (generation ends at
+EOS or a sentinel). TGI answers `suffix` with 422 and vLLM with 400, so clients of those build the prompt themselves;
+with this server they need not (they still may). An empty or null `suffix` is a plain completion.
 
 Differences: the `model` field is accepted whatever it names (one model per server; answers carry the served name);
 a stop list may hold up to --max-stop-sequences strings (OpenAI: 4); refused as unsupported: token-id prompts,
@@ -26,7 +26,6 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from codeparrot.fim import fim_prompt
 from codeparrot.serving.engine import JobResult, SequenceResult, Token
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.sampling import SamplingParams
@@ -118,8 +117,9 @@ async def to_jobs(state: ServingState, req: CompletionRequest) -> tuple[list[str
         if not state.info.fim:
             raise _bad("`suffix` (fill-in-the-middle) needs the FIM tokens, and this model's tokenizer lacks them "
                        "(trained before they were reserved); send the prompt without a suffix", "suffix")
-        prompts = [fim_prompt(p, req.suffix) for p in prompts]
-    ids = [await state.prompt_ids(p, param="prompt") for p in prompts]
+        ids = [await state.fim_prompt_ids(p, req.suffix) for p in prompts]
+    else:
+        ids = [await state.prompt_ids(p, param="prompt") for p in prompts]
     new = min(state.new_tokens(req.max_tokens, len(i), "max_tokens", DEFAULT_MAX_TOKENS, prompt_param="prompt")
               for i in ids)
     params = SamplingParams(max_new_tokens=new, n=n, temperature=temperature, top_p=top_p, seed=req.seed,

@@ -4,7 +4,8 @@ a request's events from the engine thread to the route's coroutine.
 Prompts: EOS + the text, tokenized without other special tokens, exactly like scripts/generate.py's prompts
 (`codeparrot.inference.completion.build_prompt_ids`, but never stripped: an editor's prompt ends where the cursor is,
 and its trailing spaces and newlines are part of it). Training joins files with EOS, so EOS says "a file starts
-here". The FIM sentinels written in a prompt's text are encoded as their single special ids.
+here". The FIM sentinels written in a prompt's text are encoded as their single special ids (a client that builds
+its own FIM prompt, as TGI's clients do); the OpenAI route's `suffix` builds the prompt here, from plain text.
 
 Tokenizing is bounded before it starts: no token is longer than the tokenizer's longest one, so a text of more than
 `max_input_tokens * longest` characters is refused unread. The rest runs in a worker thread (the event loop stays
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from codeparrot.fim import fim_prompt_ids
+from codeparrot.fim.encoding import plain_text_encoder
 from codeparrot.serving.engine import Engine, Job, JobResult
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.sampling import SamplingParams
@@ -58,31 +61,50 @@ class ServingState:
         self.eos = tokenizer.eos_token_id
         self._backend = tokenizer.backend_tokenizer
         self._longest_token = max(len(token.encode("utf-8")) for token in tokenizer.get_vocab())
+        if info.fim:
+            plain_text_encoder(tokenizer).batch(["x"])  # its backend copy built now, not in a first request
 
     async def prompt_ids(self, text: str, truncate: int | None = None, param: str = "inputs") -> list[int]:
         """EOS + `text`'s tokens (the last `truncate` of them with TGI's `truncate`), within --max-input-tokens.
         With `truncate` the whole text is tokenized (its cut must fall where the whole text's tokens do); the body
         limit bounds that work."""
+        def encode() -> list[int]:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+            return [self.eos] + (ids[-truncate:] if truncate is not None else ids)
+
+        self._check_unicode(text, param)
+        return await self._tokenized(encode, 0 if truncate is not None else len(text), f"`{param}`", param)
+
+    async def fim_prompt_ids(self, prefix: str, suffix: str) -> list[int]:
+        """The PSM prompt of the OpenAI route's `prompt` and `suffix`, exactly as the model saw rearranged files in
+        training (`codeparrot.fim.fim_prompt_ids`): both encoded as plain text, so code that holds the string
+        `<fim_middle>` or `<|endoftext|>` stays code, not a sentinel or the start of another file."""
+        self._check_unicode(prefix, "prompt")
+        self._check_unicode(suffix, "suffix")
+        return await self._tokenized(lambda: fim_prompt_ids(self.tokenizer, prefix, suffix),
+                                     len(prefix) + len(suffix), "`prompt` and `suffix`", "prompt")
+
+    async def _tokenized(self, encode, chars: int, what: str, param: str) -> list[int]:
+        """`encode()` run in a worker thread when its `chars` characters could fit --max-input-tokens (refused
+        unread otherwise), its result within the limit."""
         limit = self.limits.max_input_tokens
-        if truncate is None and len(text) > (limit - 1) * self._longest_token:
-            raise ApiError(f"`{param}` is {len(text):,} characters: more than the {limit} tokens this server takes "
+        if chars > (limit - 1) * self._longest_token:
+            raise ApiError(f"{what} is {chars:,} characters: more than the {limit} tokens this server takes "
                            "(--max-input-tokens) could hold", "validation", param)
-        try:
-            ids = await anyio.to_thread.run_sync(self._encode, text)
-        except UnicodeEncodeError as err:  # a lone surrogate ("\ud800" in the JSON) is not text
-            raise ApiError(f"`{param}` is not valid Unicode (a lone surrogate at character {err.start})",
-                           "validation", param) from None
-        if truncate is not None:
-            ids = ids[-truncate:]
-        ids = [self.eos] + ids
+        ids = await anyio.to_thread.run_sync(encode)
         if len(ids) > limit:
-            raise ApiError(f"`{param}` is {len(ids)} tokens (with the EOS the server puts first); this server takes "
+            raise ApiError(f"{what} is {len(ids)} tokens (with the EOS the server puts first); this server takes "
                            f"at most {limit} (--max-input-tokens)", "validation", param)
         return ids
 
-    def _encode(self, text: str) -> list[int]:
-        text.encode("utf-8")  # a UnicodeEncodeError naming the place, where the Rust tokenizer says "must be str"
-        return self._backend.encode(text, add_special_tokens=False).ids
+    @staticmethod
+    def _check_unicode(text: str, param: str) -> None:
+        """A lone surrogate ("\\ud800" in the JSON) is not text; the Rust tokenizer would only say "must be str"."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ApiError(f"`{param}` is not valid Unicode (a lone surrogate at character {err.start})",
+                           "validation", param) from None
 
     def new_tokens(self, requested: int | None, prompt_len: int, param: str, default: int | None = None,
                    prompt_param: str = "inputs") -> int:

@@ -49,6 +49,19 @@ def test_sdk_suffix_is_fill_in_the_middle(client, generate_py):
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == answer.usage.total_tokens
 
 
+def test_suffix_prompt_keeps_sentinel_strings_in_code_as_text(client, tiny_models):
+    """Code that holds the string `<fim_middle>` or `<|endoftext|>` (a tokenizer's tests, this repository) is
+    encoded as training encoded it, as plain text: the prompt is `fim_prompt_ids`' to the token."""
+    from transformers import AutoTokenizer
+
+    from codeparrot.fim import fim_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_models["memorized"]))
+    prefix, suffix = 'tok = "<fim_middle>"\nend = "<|endoftext|>"\n', SUFFIX
+    answer = client.completions.create(model="m", prompt=prefix, suffix=suffix, max_tokens=2, temperature=0)
+    assert answer.usage.prompt_tokens == len(fim_prompt_ids(tokenizer, prefix, suffix))
+
+
 def test_sdk_stop_list_cuts_like_humaneval(client, generate_py):
     """OpenAI cuts the stop sequence away: with HumanEval's stop strings the text is generate.py's default cut,
     streamed or not (a stream holds back a tail that may still become a stop string)."""
