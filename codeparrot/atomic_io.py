@@ -44,8 +44,10 @@ def ensure_writable_dir(path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory that becomes `final` only if the block finishes without an exception."""
+def atomic_dir(final: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
+    """Yield a temporary directory that becomes `final` only if the block finishes without an exception.
+    `replace=False`: only if `final` does not exist by then either (FileExistsError: another process made it
+    first, e.g. two runs creating the same repository; theirs is kept)."""
     final = Path(final)
     ensure_writable_dir(final.parent if str(final.parent) else Path("."))
     remove_stale_temporaries(final)
@@ -61,22 +63,33 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    replaced = _publish(tmp, final)
+    try:
+        replaced = _publish(tmp, final, replace)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     fsync_path(final.parent)  # the renames themselves
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)  # a crash before this: the next run removes it (our name)
 
 
-def _publish(tmp: Path, final: Path) -> Path | None:
+def _publish(tmp: Path, final: Path, replace: bool) -> Path | None:
     """Rename the folder `tmp` to `final`; where `final` exists, return where the old one went (to be removed).
 
     Replacing is one exchange of the two names (Linux `renameat2(RENAME_EXCHANGE)`): no moment without `final`, the
     old folder ends up at `tmp`'s name. Where the filesystem or system cannot exchange (NFS, macOS), two renames, the
-    old folder first moved aside: a crash between the two leaves it at `.NAME.old-PID`."""
+    old folder first moved aside: a crash between the two leaves it at `.NAME.old-PID`. Without `replace`, a rename
+    that fails where `final` exists (RENAME_NOREPLACE; elsewhere a check just before)."""
+    if not replace:
+        if not _renameat2(tmp, final, _RENAME_NOREPLACE):
+            if final.exists():
+                raise FileExistsError(errno.EEXIST, "exists already", str(final))
+            os.rename(tmp, final)
+        return None
     if not final.exists():
         os.rename(tmp, final)
         return None
-    if _exchange(tmp, final):
+    if _renameat2(tmp, final, _RENAME_EXCHANGE):
         return tmp
     old = final.parent / f".{final.name}.old-{os.getpid()}"
     os.rename(final, old)
@@ -85,12 +98,14 @@ def _publish(tmp: Path, final: Path) -> Path | None:
 
 
 _AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap the names `a` and `b` atomically (`renameat2` with RENAME_EXCHANGE, Linux 3.15+, glibc 2.28+); False
-    where the system or the filesystem does not offer it."""
+def _renameat2(a: Path, b: Path, flags: int) -> bool:
+    """Linux `renameat2` (3.15+, glibc 2.28+): RENAME_EXCHANGE swaps the names `a` and `b` atomically,
+    RENAME_NOREPLACE renames `a` to `b` unless `b` exists (FileExistsError). False where the system or the
+    filesystem does not offer the flag."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -98,12 +113,12 @@ def _exchange(a: Path, b: Path) -> bool:
     except (OSError, AttributeError):  # an older C library
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):  # not offered here
         return False
-    raise OSError(err, os.strerror(err), str(b))
+    raise OSError(err, os.strerror(err), str(b))  # FileExistsError for EEXIST
 
 
 def _tmp_prefix(final: Path) -> str:

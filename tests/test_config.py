@@ -173,11 +173,28 @@ def test_replacing_an_output_never_leaves_a_moment_without_it(tmp_path, monkeypa
             (tmp / "stats.json").write_text(version)
         assert (out / "stats.json").read_text() == version
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old folder removed, wherever it went
-    monkeypatch.setattr(atomic_io, "_exchange", lambda a, b: False)  # the fallback: correct, not crash-proof
+    monkeypatch.setattr(atomic_io, "_renameat2", lambda a, b, flags: False)  # the fallback: correct, not crash-proof
     monkeypatch.setattr(atomic_io.os, "rename", real_rename)
     with atomic_io.atomic_dir(out) as tmp:
         (tmp / "stats.json").write_text("fallback")
     assert (out / "stats.json").read_text() == "fallback" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("renameat2", ["offered", "not offered"])
+def test_an_output_made_only_if_nobody_made_it_first(tmp_path, monkeypatch, renameat2):
+    """`replace=False` (a new repository): when another process published `out` meanwhile, theirs stays, this
+    block's folder is removed and the caller gets FileExistsError."""
+    from codeparrot import atomic_io
+
+    if renameat2 == "not offered":
+        monkeypatch.setattr(atomic_io, "_renameat2", lambda a, b, flags: False)
+    out = tmp_path / "out"
+    with atomic_io.atomic_dir(out, replace=False) as tmp:
+        (tmp / "who").write_text("first")
+    with pytest.raises(FileExistsError):
+        with atomic_io.atomic_dir(out, replace=False) as tmp:
+            (tmp / "who").write_text("second")
+    assert (out / "who").read_text() == "first" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 @dataclass
