@@ -7,8 +7,10 @@ With a preprocess output root (a folder holding train/ and valid/), each split g
 tokens.bin (uint16 when the vocabulary fits, else uint32; EOS after every file) and index.json (counts, dtype,
 EOS id, tokenizer fingerprint). Point the training config's data.train / data.valid at those folders.
 
-Written atomically: an interrupted run leaves only a hidden .NAME.partial/ folder, and running the same command
-again resumes from it; a folder already holding this data tokenized by this tokenizer is skipped.
+Written atomically: an interrupted run (Ctrl-C, a kill, a power loss, a full disk; during the final commit too)
+leaves only a hidden .NAME.partial/ folder, and running the same command again resumes from it; a folder already
+holding this data tokenized by this tokenizer is skipped. A second run on the same output (the command started on
+every node) stops at once with an error naming the first (a lock on the hidden .NAME.lock beside the output).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from codeparrot.training.config import PretokenizeConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(PretokenizeConfig, argv, __doc__)  # also checks that the shards exist
-    from codeparrot.training.datasets.pretokenized import run_pretokenize  # after the checks: torch loads here
+    from codeparrot.training.datasets.pretokenize import run_pretokenize  # after the checks: torch loads here
 
     run_pretokenize(cfg)
     return 0

@@ -24,7 +24,8 @@ def setup(tmp_path_factory, stdlib_texts):
     """A toy run with pretokenized train/valid data; seq_length chosen so the valid split has an odd number of
     sequences (the two ranks then hold different counts)."""
     from codeparrot.tokenizer import load_tokenizer
-    from codeparrot.training.datasets.pretokenized import pretokenize, read_index
+    from codeparrot.training.datasets.pretokenize import pretokenize
+    from codeparrot.training.datasets.pretokenized import read_index
 
     toy = build_toy_run(tmp_path_factory.mktemp("dist"), stdlib_texts[:60], vocab_size=400)
     tokenizer = load_tokenizer(str(toy.tokenizer_dir))

@@ -97,7 +97,7 @@ def runs(tmp_path_factory, stdlib_texts, repo_root, launch_port):
     import os
 
     from codeparrot.tokenizer import load_tokenizer
-    from codeparrot.training.datasets.pretokenized import pretokenize
+    from codeparrot.training.datasets.pretokenize import pretokenize
 
     root = tmp_path_factory.mktemp("fsdp")
     toy = build_toy_run(root, stdlib_texts[:60], vocab_size=400)

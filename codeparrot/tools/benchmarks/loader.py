@@ -22,7 +22,8 @@ from codeparrot.tokenizer import train_tokenizer
 from codeparrot.tools.benchmarks.common import BenchRow, measure, rate
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset, encode_with_eos
 from codeparrot.training.datasets.loader import build_dataloader
-from codeparrot.training.datasets.pretokenized import PretokenizedDataset, pretokenize
+from codeparrot.training.datasets.pretokenize import pretokenize
+from codeparrot.training.datasets.pretokenized import PretokenizedDataset
 
 SEQ_LENGTH = 1024
 

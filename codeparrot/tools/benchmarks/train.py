@@ -36,7 +36,8 @@ from codeparrot.tools.benchmarks.loader import stdlib_texts
 from codeparrot.tools.toy_run import write_shards
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.loader import build_dataloader
-from codeparrot.training.datasets.pretokenized import PretokenizedDataset, pretokenize
+from codeparrot.training.datasets.pretokenize import pretokenize
+from codeparrot.training.datasets.pretokenized import PretokenizedDataset
 from codeparrot.training.mfu import cpu_matmul_peak
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

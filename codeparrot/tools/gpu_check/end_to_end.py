@@ -29,7 +29,7 @@ from codeparrot.tools.benchmarks.loader import stdlib_texts
 from codeparrot.tools.gpu_check.config import REPO_ROOT, Shapes
 from codeparrot.tools.gpu_check.kernels import device_peak
 from codeparrot.tools.toy_run import write_shards
-from codeparrot.training.datasets.pretokenized import pretokenize
+from codeparrot.training.datasets.pretokenize import pretokenize
 
 STEPS, SAVE_EVERY, LOG_EVERY = 30, 10, 5
 

@@ -18,7 +18,8 @@ from codeparrot.fim.encoding import plain_text_encoder
 from codeparrot.fim.transform import untransform
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.loader import build_dataset
-from codeparrot.training.datasets.pretokenized import INDEX_NAME, TOKENS_NAME, PretokenizedDataset, pretokenize
+from codeparrot.training.datasets.pretokenize import pretokenize
+from codeparrot.training.datasets.pretokenized import INDEX_NAME, TOKENS_NAME, PretokenizedDataset
 
 L = 64
 HAZARD = "s = '<fim_prefix>' + \"<fim_middle>\"\nt = '<|endoftext|>'  # <fim_suffix> <fim_pad>\n"

@@ -15,7 +15,8 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tokenizer import train_tokenizer
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
-from codeparrot.training.datasets.pretokenized import PretokenizedDataset, pretokenize
+from codeparrot.training.datasets.pretokenize import pretokenize
+from codeparrot.training.datasets.pretokenized import PretokenizedDataset
 
 L = 32
 

@@ -3,8 +3,10 @@ memory-mapped dataset splits, shuffles, counts epochs and resumes exactly."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import subprocess
 
 import numpy as np
@@ -14,11 +16,11 @@ import torch
 from codeparrot.errors import CodeParrotError
 from codeparrot.tokenizer import save_tokenizer, train_tokenizer
 from codeparrot.training.datasets.constant_length import token_dtype
+from codeparrot.training.datasets.pretokenize import pretokenize
 from codeparrot.training.datasets.pretokenized import (
     INDEX_NAME,
     TOKENS_NAME,
     PretokenizedDataset,
-    pretokenize,
     validate_against_tokenizer,
 )
 
@@ -59,7 +61,7 @@ def test_worker_count_does_not_change_the_output(pretok, shards, tokenizer, tmp_
 
 def test_interrupted_run_leaves_no_output_and_resumes(pretok, shards, tokenizer, tmp_path, monkeypatch,
                                                       watched_tokenizer):
-    import codeparrot.training.datasets.pretokenized as module
+    import codeparrot.training.datasets.pretokenize as module
 
     monkeypatch.setattr(module.time, "monotonic", lambda: float(next(clock)))  # progress saved every batch
     clock = iter(range(0, 10**6, 10))
@@ -175,3 +177,224 @@ def test_cli_pretokenizes_each_split(tmp_path, texts, tokenizer, python, scripts
         f"error: input not found: {tmp_path / 'nope'} (the path does not exist)"]
     assert "Traceback" not in missing.stderr
     assert not os.path.exists(tmp_path / "pt" / "nope")
+
+
+# --- crash safety and the one-line errors of the writer -------------------------------------------------------
+def _interrupted(shards, tokenizer, out, watched_tokenizer, monkeypatch, fail_after=4):
+    """A run "killed" after `fail_after` batches, its progress saved after every batch; returns its partial folder."""
+    import codeparrot.training.datasets.pretokenize as module
+
+    clock = iter(range(0, 10**6, 10))
+    with monkeypatch.context() as patch:
+        patch.setattr(module.time, "monotonic", lambda: float(next(clock)))
+        with pytest.raises(KeyboardInterrupt):
+            pretokenize(shards, watched_tokenizer(tokenizer, fail_after=fail_after), out, batch_size=3,
+                        progress=False)
+    return out.parent / f".{out.name}.partial"
+
+
+def test_token_file_is_on_disk_before_each_progress_save(shards, tokenizer, tmp_path, monkeypatch):
+    """After a power loss the progress file must never count tokens the disk does not hold: every save of it
+    comes after an fsync of the token file that covered them."""
+    import codeparrot.training.datasets.pretokenize as module
+
+    out, synced, checked = tmp_path / "synced", {}, []
+    real_fsync, real_write_json = os.fsync, module.atomic_write_json
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced[st.st_ino] = st.st_size
+        real_fsync(fd)
+
+    def write_json(path, obj):
+        if path.name == "progress.json":
+            tokens = path.parent / TOKENS_NAME
+            checked.append(obj["n_tokens"])
+            assert synced.get(tokens.stat().st_ino, 0) >= obj["n_tokens"] * 2, "progress saved before the fsync"
+        real_write_json(path, obj)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(module, "atomic_write_json", write_json)
+    pretokenize(shards, tokenizer, out, batch_size=7, progress=False)
+    assert len(checked) >= 3 and checked[-1] > 0  # one save per shard at least
+
+
+def test_resume_never_lengthens_a_token_file_shorter_than_its_progress(pretok, shards, tokenizer, tmp_path,
+                                                                       monkeypatch, watched_tokenizer, capsys):
+    """A token file that lost its tail (written, counted, never reached the disk) would be padded with zeros, a
+    valid token id: the run starts over instead, saying why."""
+    out = tmp_path / "short"
+    partial = _interrupted(shards, tokenizer, out, watched_tokenizer, monkeypatch)
+    tokens = partial / TOKENS_NAME
+    os.truncate(tokens, tokens.stat().st_size - 100)
+    clean_run, resumed_run = watched_tokenizer(tokenizer), watched_tokenizer(tokenizer)
+    pretokenize(shards, clean_run, tmp_path / "clean_run", batch_size=3, progress=False)
+    pretokenize(shards, resumed_run, out, batch_size=3, progress=False)
+    assert (out / TOKENS_NAME).read_bytes() == (pretok / TOKENS_NAME).read_bytes()
+    assert resumed_run.calls == clean_run.calls  # everything tokenized again
+    err = capsys.readouterr().err
+    assert f"{tokens}: " in err and "fewer than the" in err and "from the beginning" in err
+
+
+@pytest.mark.parametrize("stage", ["fsync", "disk full", "publish", "after publish"])
+def test_a_run_stopped_during_its_commit_loses_nothing(pretok, shards, tokenizer, tmp_path, monkeypatch,
+                                                       watched_tokenizer, stage):
+    """Ctrl-C during the fsync of a finished 60 GB file, a full disk writing the index, a stop at the exchange or
+    just after it: the next run finds the tokens (in the partial folder or the output) and tokenizes nothing."""
+    import codeparrot.atomic_io as atomic_io
+    import codeparrot.training.datasets.pretokenize as module
+
+    out = tmp_path / "committed"
+    partial = tmp_path / ".committed.partial"
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def disk_full(path, obj):
+        if path.name == INDEX_NAME:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write_json(path, obj)
+
+    real_write_json, real_rmtree = module.atomic_write_json, module.shutil.rmtree
+    with monkeypatch.context() as patch:
+        if stage == "fsync":
+            patch.setattr(atomic_io, "fsync_tree", stop)
+        elif stage == "disk full":
+            patch.setattr(module, "atomic_write_json", disk_full)
+        elif stage == "publish":
+            patch.setattr(atomic_io, "_publish", stop)
+        else:
+            patch.setattr(module.shutil, "rmtree", lambda path, **kw: stop() if path == partial and out.exists()
+                          else real_rmtree(path, **kw))  # stopped before the partial folder is removed
+        with pytest.raises(CodeParrotError if stage == "disk full" else KeyboardInterrupt) as stopped:
+            pretokenize(shards, tokenizer, out, batch_size=7, progress=False)
+    if stage == "disk full":
+        assert str(stopped.value) == (f"{out}: cannot write (No space left on device): free space (or raise the "
+                                      f"file-size limit) and re-run the same command, it resumes from {partial}")
+    assert (partial / TOKENS_NAME).read_bytes() == (pretok / TOKENS_NAME).read_bytes()
+    assert (out / INDEX_NAME).is_file() == (stage == "after publish")
+    rerun = watched_tokenizer(tokenizer)
+    index = pretokenize(shards, rerun, out, batch_size=7, progress=False)
+    assert rerun.calls == 0 and index["n_tokens"] == (out / TOKENS_NAME).stat().st_size // 2
+    assert (out / TOKENS_NAME).read_bytes() == (pretok / TOKENS_NAME).read_bytes()
+    assert not partial.exists() and sorted(p.name for p in out.iterdir()) == [INDEX_NAME, TOKENS_NAME]
+
+
+@pytest.mark.parametrize("text", ['{"format": "codeparrot-pretok', "[1, 2]"])
+def test_a_broken_index_is_one_line_naming_the_folder(shards, tokenizer, tmp_path, text):
+    out = tmp_path / "broken"
+    out.mkdir()
+    (out / INDEX_NAME).write_text(text)
+    with pytest.raises(CodeParrotError, match=f"^{out / INDEX_NAME}: unreadable .*: {out} is not a complete "
+                                              "pretokenized output; remove it and re-run$"):
+        pretokenize(shards, tokenizer, out, progress=False)
+    with pytest.raises(CodeParrotError, match="not a readable pretokenized index"):
+        PretokenizedDataset(out, L)  # the training side too
+
+
+def test_a_finished_folder_with_a_cut_token_file_says_to_delete_it(pretok, shards, tokenizer, tmp_path):
+    out = tmp_path / "cut"
+    out.mkdir()
+    (out / INDEX_NAME).write_text((pretok / INDEX_NAME).read_text())  # the same job
+    (out / TOKENS_NAME).write_bytes((pretok / TOKENS_NAME).read_bytes()[:-64])
+    with pytest.raises(CodeParrotError, match=f"corrupt pretokenized data\\): delete {out} and re-run "
+                                              "scripts/pretokenize.py$"):
+        pretokenize(shards, tokenizer, out, progress=False)
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes(pretok, shards, tokenizer, tmp_path, python, scripts_env,
+                                                     repo_root, watched_tokenizer):
+    """The file-size limit (`ulimit -f`) stands in for a full disk: the write fails with EFBIG halfway through."""
+    import resource
+
+    save_tokenizer(tokenizer, tmp_path / "tok")
+    out, partial = tmp_path / "pt", tmp_path / ".pt.partial"
+    limit = (pretok / TOKENS_NAME).stat().st_size * 2 // 3  # past the first shard, short of the last
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    cmd = [python, str(repo_root / "scripts" / "pretokenize.py"), "--dataset", str(shards), "--tokenizer",
+           str(tmp_path / "tok"), "--output-dir", str(out), "--num-workers", "1", "--batch-size", "7", "--quiet"]
+    done = subprocess.run(cmd, env=scripts_env, capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {partial / TOKENS_NAME}: cannot write (File too large): free space (or raise the file-size limit) "
+        f"and re-run the same command, it resumes from {partial}")
+    saved = json.loads((partial / "progress.json").read_text())["n_tokens"]
+    assert 0 < saved * 2 <= limit
+    resumed = watched_tokenizer(tokenizer)
+    pretokenize(shards, resumed, out, batch_size=7, progress=False)
+    assert (out / TOKENS_NAME).read_bytes() == (pretok / TOKENS_NAME).read_bytes()
+    assert 0 < resumed.calls < len(texts_of(shards)) / 7  # the saved shard was not tokenized again
+
+
+def texts_of(shards):
+    """Every record of the gzip JSONL shards in `shards`."""
+    import gzip
+
+    return [json.loads(line)["content"] for p in sorted(shards.iterdir()) for line in gzip.open(p, "rt")]
+
+
+def test_a_second_run_on_the_same_output_is_refused_naming_the_first(shards, tokenizer, tmp_path):
+    """The same command started on every node: the second run fails at once instead of writing into the first's
+    partial folder."""
+    out, seen = tmp_path / "shared", []
+
+    class Interloper:  # the first run's tokenizer starts the second run while the first holds its lock
+        eos_token_id = tokenizer.eos_token_id
+
+        def __len__(self):
+            return len(tokenizer)
+
+        def get_vocab(self):
+            return tokenizer.get_vocab()
+
+        def __call__(self, texts, **kwargs):
+            if not seen:
+                with pytest.raises(CodeParrotError) as second:
+                    pretokenize(shards, tokenizer, out, progress=False)
+                seen.append(str(second.value))
+            return tokenizer(texts, **kwargs)
+
+    pretokenize(shards, Interloper(), out, batch_size=7, progress=False)
+    assert seen == [f"{out}: another pretokenize run (host {socket.gethostname()}, pid {os.getpid()}) is writing it "
+                    f"(it holds {tmp_path / '.shared.lock'}); wait for it to finish or stop it"]
+    assert not (tmp_path / ".shared.lock").exists()  # removed with the run: nothing left beside the output
+    (tmp_path / ".shared.lock").write_text("host gone, pid 1\n")  # a killed run's file, no longer locked
+    assert pretokenize(shards, tokenizer, out, progress=False)["reused"]
+
+
+def test_tokens_per_second_after_a_resume_counts_every_run_s_time(shards, tokenizer, tmp_path, monkeypatch,
+                                                                  watched_tokenizer):
+    """All the tokens over all the time spent on them (the printed line and the index say the same), not all the
+    tokens over the resumed run's seconds."""
+    import codeparrot.training.datasets.pretokenize as module
+
+    clock = iter(range(0, 10**6, 10))  # every reading of the clock: 10 s later
+    monkeypatch.setattr(module.time, "perf_counter", lambda: float(next(clock)))
+    out = tmp_path / "timed"
+    partial = _interrupted(shards, tokenizer, out, watched_tokenizer, monkeypatch, fail_after=6)
+    progress = json.loads((partial / "progress.json").read_text())
+    index = pretokenize(shards, tokenizer, out, batch_size=3, progress=False)
+    assert progress["seconds"] > 0 and index["seconds"] > progress["seconds"]
+    assert index["tokens_per_second"] == round(index["n_tokens"] / index["seconds"])
+
+
+def test_order_is_int32_and_the_same_permutation_as_before(pretok):
+    """Half the memory per reader, and the order `default_rng([seed, epoch]).permutation(n)` always gave: saved
+    positions of earlier runs still point at the same sequences."""
+    ds = PretokenizedDataset(pretok, 8, seed=11, world_size=2, rank=1)
+    for epoch in (0, 3):
+        order = ds.order(epoch, reader_id=5, n_readers=6)  # rank 1, worker 2 of 3
+        before = np.random.default_rng([11, epoch]).permutation(ds.n_sequences)[1::2][2::3]
+        assert order.dtype == np.int32 and np.array_equal(order, before)
+
+
+def test_a_damaged_shard_says_that_replacing_it_restarts_the_job(tmp_path, texts, tokenizer, write_shards):
+    clean = write_shards(tmp_path / "clean", texts, 3)
+    last = sorted(clean.iterdir())[-1]
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with pytest.raises(CodeParrotError, match=f"^{last}: truncated or corrupt .*; replacing, fixing or removing this "
+                                              "shard restarts the pretokenize job from the beginning$"):
+        pretokenize(clean, tokenizer, tmp_path / "out", batch_size=7, progress=False)
