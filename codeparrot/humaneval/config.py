@@ -6,6 +6,7 @@ from `codeparrot.humaneval.generation` so that scoring saved completions and `--
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,8 +37,8 @@ class SamplingConfig:
         for name in ("n_samples", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise CodeParrotError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not self.temperatures or any(t < 0 for t in self.temperatures):
-            raise CodeParrotError(f"--temperature needs values >= 0 (0 = greedy), got {self.temperatures}")
+        if not self.temperatures or any(not (math.isfinite(t) and t >= 0) for t in self.temperatures):
+            raise CodeParrotError(f"--temperature needs finite values >= 0 (0 = greedy), got {self.temperatures}")
         if len(set(self.temperatures)) != len(self.temperatures):
             raise CodeParrotError(f"--temperature lists a value twice: {self.temperatures}")
         if not 0 < self.top_p <= 1:

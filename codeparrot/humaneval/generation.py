@@ -33,6 +33,7 @@ from transformers import StoppingCriteriaList
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.encoding import plain_text_encoder
 from codeparrot.fim.prompt import fim_prompt_ids
 from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.config import HumanEvalConfig, SamplingConfig
@@ -55,12 +56,12 @@ def prompt_text(prompt: str, strip: bool) -> str:
 
 
 def prompt_ids(tokenizer, problems: Sequence[dict], strip: bool, infilling: bool = False) -> list[list[int]]:
-    """EOS + the (stripped) prompt per problem, tokenized without other special tokens; for infilling tasks the
-    PSM prompt of (prompt, suffix), unstripped."""
+    """EOS + the (stripped) prompt per problem, tokenized as plain text like training documents (a special-token
+    string in a prompt stays text); for infilling tasks the PSM prompt of (prompt, suffix), unstripped."""
     if infilling:
         return [fim_prompt_ids(tokenizer, p["prompt"], p["suffix"], "the infilling benchmarks") for p in problems]
     texts = [prompt_text(p["prompt"], strip) for p in problems]
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    encoded = plain_text_encoder(tokenizer).batch(texts)
     return [[tokenizer.eos_token_id] + ids for ids in encoded]
 
 

@@ -28,10 +28,11 @@ from transformers.generation.streamers import BaseStreamer
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.encoding import plain_text_encoder
 from codeparrot.fim.prompt import fim_prompt_ids
 from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, truncate_completion
-from codeparrot.inference.config import GenerateConfig
+from codeparrot.inference.config import GenerateConfig, check_sampling
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
 
 # Decoding must be exact for code: no "clean up" of spaces before punctuation (" ." -> "."), which some
@@ -41,9 +42,35 @@ DECODE_KWARGS = {"skip_special_tokens": True, "clean_up_tokenization_spaces": Fa
 
 # ---------------------------------------------------------------------------------------------- prompts
 def build_prompt_ids(tokenizer, prompt: str, strip: bool = True) -> list[int]:
-    """HumanEval's prompt: EOS, then the (stripped) prompt, tokenized without any other special tokens."""
+    """HumanEval's prompt: EOS, then the (stripped) prompt tokenized as plain text, the way training tokenized
+    documents (codeparrot.fim.encoding): a literal `<|endoftext|>` or `<fim_middle>` in the code stays text."""
     text = prompt.strip() if strip else prompt
-    return [tokenizer.eos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [tokenizer.eos_token_id] + plain_text_encoder(tokenizer).batch([text])[0]
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """`data` as UTF-8 text, or a one-line error naming `where` (a flag and/or path) with the offset and line of
+    the first invalid byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise CodeParrotError(f"{where}: not UTF-8 text (invalid byte at offset {err.start}, line {line})") \
+            from None
+
+
+def check_utf8(text: str, where: str) -> str:
+    """`text` unchanged if it is valid Unicode text, else the one-line error of `decode_utf8`. Command-line
+    arguments (and stdin read as text) carry bytes that are not UTF-8 as lone surrogates (Python's
+    surrogateescape), which the tokenizer would refuse with a TypeError only after the model has loaded."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        # Everything before the first surrogate is valid: its UTF-8 length is the offset of the bad byte.
+        start = len(text[: err.start].encode("utf-8"))
+        line = text.count("\n", 0, err.start) + 1
+        raise CodeParrotError(f"{where}: not UTF-8 text (invalid byte at offset {start}, line {line})") from None
+    return text
 
 
 def read_source_file(path: str | Path, flag: str = "") -> str:
@@ -54,12 +81,17 @@ def read_source_file(path: str | Path, flag: str = "") -> str:
         data = path.read_bytes()
     except OSError as err:
         raise CodeParrotError(f"{flag}{path}: {err.strerror or err}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise CodeParrotError(f"{flag}{path}: not UTF-8 text (invalid byte at offset {err.start}, line {line})") \
-            from None
+    return decode_utf8(data, f"{flag}{path}")
+
+
+def read_stdin(flag: str) -> str:
+    """All of stdin as UTF-8 text, decoded like a file (`read_source_file`) whatever the locale; an invalid byte
+    is a one-line error naming `flag`."""
+    where = f"{flag} - (stdin)"
+    buffer = getattr(sys.stdin, "buffer", None)  # absent when stdin was replaced by a text stream (tests)
+    if buffer is None:
+        return check_utf8(sys.stdin.read(), where)
+    return decode_utf8(buffer.read(), where)
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
@@ -67,10 +99,10 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     if prompt_file is not None:
         return read_source_file(prompt_file, "--prompt-file ")
     if prompt == "-":
-        return sys.stdin.read()
+        return read_stdin("--prompt")
     if prompt is None:
         raise CodeParrotError("give a prompt: --prompt TEXT, --prompt - (read stdin) or --prompt-file PATH")
-    return prompt
+    return check_utf8(prompt, "--prompt")
 
 
 def read_suffix(suffix: str | None, suffix_file: str | None) -> str | None:
@@ -78,8 +110,8 @@ def read_suffix(suffix: str | None, suffix_file: str | None) -> str | None:
     if suffix_file is not None:
         return read_source_file(suffix_file, "--suffix-file ")
     if suffix == "-":
-        return sys.stdin.read()
-    return suffix
+        return read_stdin("--suffix")
+    return None if suffix is None else check_utf8(suffix, "--suffix")
 
 
 def infill_stops(tokenizer, what: str = "--suffix (infilling)") -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -195,13 +227,10 @@ def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int =
         raise CodeParrotError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if num_return_sequences < 1:
         raise CodeParrotError(f"--num-return-sequences must be at least 1, got {num_return_sequences}")
-    if temperature < 0:
-        raise CodeParrotError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    check_sampling(temperature, top_p, seed)
     if temperature == 0 and num_return_sequences > 1:
         raise CodeParrotError(f"--temperature 0 is greedy decoding: all {num_return_sequences} samples would be "
                               f"identical; use a positive temperature or --num-return-sequences 1")
-    if not 0 < top_p <= 1:
-        raise CodeParrotError(f"--top-p must be in (0, 1], got {top_p}")
     stop_strings, stop_ids = STOP_STRINGS if stop else (), ()
     if suffix is None:
         prompt_ids = build_prompt_ids(tokenizer, prompt, strip=strip_prompt)
@@ -276,6 +305,8 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
     """scripts/generate.py: complete `cfg`'s prompt (or, with a suffix, fill in the middle), streaming sample 1
     live unless `cfg.quiet`; the summary (tokens/s, seed, why each sample ended) goes to stderr and, with
     `cfg.output`, everything to a JSON file."""
+    if cfg.output and Path(cfg.output).is_dir():  # found before the model loads, not when writing the samples
+        raise CodeParrotError(f"--output {cfg.output} is a directory; give the path of the JSON file to write")
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     suffix = read_suffix(cfg.suffix, cfg.suffix_file)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)

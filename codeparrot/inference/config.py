@@ -7,6 +7,7 @@ The scripts' flags are generated from these fields (`codeparrot.config_flags.par
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,21 @@ MODEL_HELP = ("model repository: a local checkpoint repository (path), a Hub id 
               "from_pretrained loads")
 REVISION_HELP = "branch (experiment), tag or commit to load (default: main)"
 DEVICE_HELP = "cpu, cuda, cuda:1, ... (default: cuda when available)"
+# What torch.manual_seed takes (a negative seed wraps around: -1 is 2**64 - 1); outside it, it raises ValueError
+# ("Overflow when unpacking long long"), after the model has loaded.
+SEED_RANGE = (-2**63, 2**64 - 1)
+
+
+def check_sampling(temperature: float, top_p: float, seed: int | None) -> None:
+    """The sampling settings of generate.py (and `generate_completions`), checked before any model loads."""
+    # nan passes every comparison-based check (nan < 0 is False) and then decodes greedily; inf divides the
+    # logits to nothing. Neither is a temperature.
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise CodeParrotError(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:  # also false for nan
+        raise CodeParrotError(f"--top-p must be in (0, 1], got {top_p}")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise CodeParrotError(f"--seed must be in [-2**63, 2**64 - 1] (torch's seed range), got {seed}")
 
 
 @dataclass
@@ -38,8 +54,8 @@ class GenerateConfig:
     temperature: float = doc(0.2, "sampling temperature; 0 = greedy decoding (default 0.2, HumanEval's)")
     top_p: float = doc(0.95, "nucleus sampling mass (default 0.95); no top-k cut")
     num_return_sequences: int = doc(1, "samples to draw (default 1)")
-    seed: int | None = doc(None, "random seed; same seed, device and software give the same samples (default: a "
-                                 "fresh seed, printed so the run can be repeated)")
+    seed: int | None = doc(None, "random seed (-2**63 to 2**64 - 1); same seed, device and software give the same "
+                                 "samples (default: a fresh seed, printed so the run can be repeated)")
     stop: bool = doc(True, "do not stop at HumanEval's stop strings (EOS and --max-new-tokens still end a sample)",
                      flag="--no-stop", inverted=True)
     strip_prompt: bool = doc(True, "keep the prompt's leading/trailing whitespace (HumanEval strips it)",
@@ -51,10 +67,7 @@ class GenerateConfig:
     def validate(self) -> None:
         if self.max_new_tokens < 1 or self.num_return_sequences < 1:
             raise CodeParrotError("--max-new-tokens and --num-return-sequences must be at least 1")
-        if self.temperature < 0:
-            raise CodeParrotError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise CodeParrotError(f"--top-p must be in (0, 1], got {self.top_p}")
+        check_sampling(self.temperature, self.top_p, self.seed)
         if self.prompt == "-" and self.suffix == "-":
             raise CodeParrotError("--prompt - and --suffix - both read stdin: give one of them as a file "
                                   "(--prompt-file / --suffix-file) or as text")
@@ -82,3 +95,12 @@ class HighlightConfig:
     def validate(self) -> None:
         if self.lines < 0:
             raise CodeParrotError(f"--lines must be >= 0, got {self.lines}")
+        # Checked here, not only where they are used: that is after the model has scored the whole file.
+        if not (math.isfinite(self.max_loss) and self.max_loss > 0):
+            raise CodeParrotError(f"--max-loss must be a finite number > 0, got {self.max_loss}")
+        if self.context is not None and self.context < 2:  # one input token and one target at the least
+            raise CodeParrotError(f"--context must be at least 2, got {self.context}")
+        if self.stride is not None and self.stride < 1:
+            raise CodeParrotError(f"--stride must be at least 1, got {self.stride}")
+        if self.stride is not None and self.context is not None and self.stride > self.context:
+            raise CodeParrotError(f"--stride must be at most --context ({self.context}), got {self.stride}")

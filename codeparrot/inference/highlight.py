@@ -27,6 +27,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from codeparrot.atomic_io import atomic_write_text
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.encoding import plain_text_encoder
 from codeparrot.inference.completion import read_source_file
 from codeparrot.inference.config import HighlightConfig
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
@@ -212,14 +213,16 @@ def score_file(model, tokenizer, text: str, context: int | None = None, stride: 
     """Per-token loss of `model` on `text` (EOS-prefixed, as in training), grouped into spans and lines."""
 
     max_context = model_context(model)
-    context = context or max_context
+    context = max_context if context is None else context  # 0 is an error, not "the default"
     if not 2 <= context <= max_context:
         raise CodeParrotError(f"--context must be in [2, {max_context}] (the model's context), got {context}")
-    stride = stride or max(1, context // 2)
+    stride = max(1, context // 2) if stride is None else stride
     vocab = model.config.vocab_size
     if not 1 <= top_k <= vocab:
         raise CodeParrotError(f"--top-k must be in [1, {vocab}], got {top_k}")
-    ids = [tokenizer.eos_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
+    # Plain text, as training tokenized documents: a literal "<|endoftext|>" in the file is scored as the
+    # characters the model saw in training, not as an end-of-document token it never saw inside a file.
+    ids = [tokenizer.eos_token_id] + plain_text_encoder(tokenizer).batch([text])[0]
     losses, top_p, top_i = score_token_ids(model, ids, context, stride, top_k, progress)
     tb = TokenBytes(tokenizer)
     # Python lists first: indexing tensors element by element costs ~10x more per token.
@@ -308,11 +311,12 @@ def render_html(scores: FileScores, title: str, subtitle: str, max_loss: float =
                 rank_by: str = "mean") -> str:
     """A self-contained page: the file with each token coloured by loss (0 .. max_loss nats, clipped),
     a legend, hover tooltips, line numbers and a list of the most surprising lines."""
-    if max_loss <= 0:
-        raise CodeParrotError(f"--max-loss must be positive, got {max_loss}")
+    if not (math.isfinite(max_loss) and max_loss > 0):
+        raise CodeParrotError(f"--max-loss must be a finite number > 0, got {max_loss}")
     code = []
     for span in scores.spans:
-        b = min(N_BUCKETS - 1, int(span.loss / max_loss * N_BUCKETS))
+        # Clipped before scaling: loss / a tiny max_loss can overflow to inf, which int() refuses.
+        b = min(N_BUCKETS - 1, int(min(span.loss / max_loss, 1.0) * N_BUCKETS))
         code.append(f'<span class="t b{b}" data-loss="{span.loss:.3f}" title="{_attr(_tooltip(span))}">'
                     f'{_text(scores.text[span.start:span.end])}</span>')
     # A final "\n" ends the last line rather than starting an empty one (the browser draws no line for it).
@@ -334,7 +338,12 @@ def render_html(scores: FileScores, title: str, subtitle: str, max_loss: float =
 
 
 def _ticks(max_loss: float) -> list[float]:
-    step = next(s for s in (0.5, 1, 2, 5, 10, 20, 50, 100, 1e9) if max_loss / s <= 8)
+    """Legend ticks 0, step, 2 step, ... <= max_loss: 2 to 9 of them, the step 1, 2 or 5 times a power of ten.
+    For max_loss in [p, 10p) (p a power of ten) one of 0.1p, 0.2p, 0.5p, p, 2p leaves at most 8 steps."""
+    power = 10.0 ** math.floor(math.log10(max_loss))
+    if power < 10 * sys.float_info.min:  # a step of 0.1 power would be subnormal (inexact, or 0): just the ends
+        return [0.0, max_loss]
+    step = next(m * power for m in (0.1, 0.2, 0.5, 1, 2) if max_loss / power / m <= 8 + 1e-9)
     return [i * step for i in range(int(max_loss / step + 1e-9) + 1)]
 
 
@@ -378,6 +387,8 @@ def run_highlight(cfg: HighlightConfig) -> FileScores:
     """scripts/highlight.py: score `cfg.file`, write the HTML page to `cfg.output` and print the summary line
     and the most surprising lines."""
     path = Path(cfg.file)
+    if Path(cfg.output).is_dir():  # found before the model loads, not when writing the page
+        raise CodeParrotError(f"--output {cfg.output} is a directory; give the path of the HTML page to write")
     text = read_source_file(path)
     if not text:
         raise CodeParrotError(f"{path}: the file is empty; nothing to score")

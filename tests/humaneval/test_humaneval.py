@@ -180,6 +180,23 @@ def test_left_padded_batch_matches_unpadded_generation(tiny_model, problems):
     assert batched[0] == batched[2]
 
 
+def test_prompts_are_tokenized_as_plain_text_like_training(tiny_model, problems):
+    """A special-token string in a prompt stays text (as training tokenized documents); the real HumanEval prompts
+    contain none, so their ids are exactly those of the tokenizer's default call."""
+    from codeparrot.fim.encoding import plain_text_encoder
+    from codeparrot.humaneval.generation import prompt_ids
+
+    _, tokenizer = _load(tiny_model)
+    for strip in (True, False):
+        texts = [p["prompt"].strip() if strip else p["prompt"] for p in problems]
+        default = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        assert prompt_ids(tokenizer, problems, strip) == [[tokenizer.eos_token_id] + ids for ids in default]
+    tricky = {"task_id": "t", "prompt": 'def f():\n    """Returns "<|endoftext|>"."""\n'}
+    [ids] = prompt_ids(tokenizer, [tricky], strip=True)
+    assert ids == [tokenizer.eos_token_id] + plain_text_encoder(tokenizer).batch([tricky["prompt"].strip()])[0]
+    assert ids.count(tokenizer.eos_token_id) == 1  # only the leading one
+
+
 def test_generation_resumes_exactly(tiny_model, problems, tmp_path):
     """A run killed mid-way (lines lost, a partial line) and resumed ends with the same samples as an
     uninterrupted run; raising n_samples only generates the new indices."""
@@ -436,3 +453,11 @@ def test_infilling_generation_uses_the_psm_prompt_and_never_returns_a_sentinel(t
     old = old_style_tokenizer(stdlib_texts[:10], vocab_size=300)
     with pytest.raises(CodeParrotError, match="the infilling benchmarks needs the FIM tokens"):
         prompt_ids(old, tasks, strip=True, infilling=True)
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -0.1])
+def test_a_temperature_that_is_not_a_finite_non_negative_number_is_refused(temperature):
+    from codeparrot.humaneval.config import SamplingConfig
+
+    with pytest.raises(CodeParrotError, match="--temperature needs finite values >= 0"):
+        SamplingConfig(temperatures=[0.2, temperature]).validate()

@@ -170,3 +170,74 @@ def test_missing_model_revision_and_bad_requests_are_one_line_errors(tiny_models
         generate_completions(model, tok, "x", temperature=0, num_return_sequences=2)
     with pytest.raises(CodeParrotError, match="prompt-file"):
         script.main(["--model", str(tiny_models["random"]), "--prompt-file", str(tmp_path / "missing.py")])
+
+
+def test_special_token_strings_in_the_prompt_stay_plain_text(memorized):
+    """Training tokenized documents as plain text (codeparrot.fim.encoding): a prompt that spells out
+    `<|endoftext|>` or a FIM sentinel must reach the model as those characters, not as the special ids."""
+    from codeparrot.fim.encoding import plain_text_encoder
+
+    _, tok = memorized
+    prompt = 'END = "<|endoftext|>"\nMIDDLE = "<fim_middle>"'
+    ids = build_prompt_ids(tok, prompt)
+    assert ids[0] == tok.eos_token_id  # the one EOS: "a new file starts here"
+    assert ids[1:] == plain_text_encoder(tok).batch([prompt])[0]
+    assert not set(ids[1:]) & set(tok.added_tokens_decoder), "a special-token string became a special id"
+    assert tok.decode(ids[1:], skip_special_tokens=False) == prompt
+
+
+def _generate_argv(tmp_path, *flags):
+    # A model folder that does not exist: an error about it would mean the flags were checked only after loading.
+    return ["--model", str(tmp_path / "no-model"), "--device", "cpu", *flags]
+
+
+@pytest.mark.parametrize("how", ["argument", "stdin"])
+def test_a_prompt_that_is_not_utf8_is_a_one_line_error_before_the_model_loads(how, tmp_path, scripts_env, python,
+                                                                              repo_root):
+    # The real command line: argv and stdin bytes that are not UTF-8 arrive as lone surrogates / raw bytes.
+    argv = [python, str(repo_root / "scripts" / "generate.py"), *_generate_argv(tmp_path)]
+    argv += ["--prompt", b"def f():\n    x\xff"] if how == "argument" else ["--prompt", "-"]
+    result = subprocess.run(argv, input=b"def f():\n    x\xff", capture_output=True, env=scripts_env, timeout=120)
+    where = "--prompt" if how == "argument" else "--prompt - (stdin)"
+    assert result.returncode == 2, result.stderr.decode(errors="replace")
+    assert result.stderr.decode() == f"error: {where}: not UTF-8 text (invalid byte at offset 14, line 2)\n"
+
+
+def test_a_suffix_that_is_not_utf8_is_a_one_line_error(tmp_path, monkeypatch, load_script):
+    script = load_script("generate")
+    with pytest.raises(CodeParrotError, match=r"^--suffix: not UTF-8 text \(invalid byte at offset 2, line 1\)$"):
+        script.main(_generate_argv(tmp_path, "--prompt", "x", "--suffix", "ab\udcfe"))  # how argv carries 0xfe
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n\xfe"), encoding="utf-8",
+                                                       errors="surrogateescape"))
+    with pytest.raises(CodeParrotError, match=r"^--suffix - \(stdin\): not UTF-8 .*offset 1, line 2\)$"):
+        script.main(_generate_argv(tmp_path, "--prompt", "x", "--suffix", "-"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "nan"], "--temperature must be a finite number"),
+    (["--temperature", "inf"], "--temperature must be a finite number"),
+    (["--temperature=-inf"], "--temperature must be a finite number"),
+    (["--top-p", "nan"], "--top-p must be in"),
+    (["--top-p", "inf"], "--top-p must be in"),
+    (["--seed", str(2**64)], r"--seed must be in \[-2\*\*63, 2\*\*64 - 1\]"),
+    ([f"--seed={-2**63 - 1}"], r"--seed must be in \[-2\*\*63, 2\*\*64 - 1\]"),
+])
+def test_non_finite_and_out_of_range_settings_are_refused_before_the_model_loads(flags, message, tmp_path,
+                                                                                 load_script):
+    with pytest.raises(CodeParrotError, match=message):
+        load_script("generate").main(_generate_argv(tmp_path, "--prompt", "x", *flags))
+
+
+def test_generate_completions_checks_the_same_settings(memorized):
+    model, tok = memorized
+    for kw in ({"temperature": float("nan")}, {"temperature": float("inf")}, {"seed": 2**64}, {"seed": -2**63 - 1}):
+        with pytest.raises(CodeParrotError, match=next(iter(kw))):
+            generate_completions(model, tok, "x", max_new_tokens=2, **kw)
+    # both ends of the range are seeds torch takes (the app passes negative numbers on, too)
+    for seed in (2**64 - 1, -2**63):
+        assert generate_completions(model, tok, "x", max_new_tokens=2, temperature=1.0, seed=seed)
+
+
+def test_output_that_is_a_directory_is_refused_before_the_model_loads(tmp_path, load_script):
+    with pytest.raises(CodeParrotError, match=f"^--output {tmp_path} is a directory"):
+        load_script("generate").main(_generate_argv(tmp_path, "--prompt", "x", "--output", str(tmp_path)))

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.inference.highlight import most_surprising, render_html, score_file, score_token_ids
+from codeparrot.fim.encoding import plain_text_encoder
+from codeparrot.inference.highlight import _ticks, most_surprising, render_html, score_file, score_token_ids
 from codeparrot.repository.model import load_model_and_tokenizer
 
 # Everything that breaks naive rendering: a leading newline, CRLF and a lone CR, tabs, trailing spaces, a
@@ -85,7 +86,7 @@ def test_page_text_is_the_file_exactly_and_self_contained(tiny_models):
     model, tok = load_model_and_tokenizer(str(tiny_models["random_ctx32"]), device="cpu")
     scores = score_file(model, tok, TRICKY, stride=16, top_k=5)  # several windows (context 32)
     assert "".join(TRICKY[s.start:s.end] for s in scores.spans) == TRICKY
-    assert len(scores.tokens) == len(tok(TRICKY, add_special_tokens=False)["input_ids"])
+    assert [t.token_id for t in scores.tokens] == plain_text_encoder(tok).batch([TRICKY])[0]  # as in training
     assert any(len(s.tokens) > 1 for s in scores.spans), "the emoji should span several byte tokens"
     page = render_html(scores, "tricky.py", "test")
     parser = _CodeText()
@@ -136,7 +137,67 @@ def test_bad_inputs_are_one_line_errors(tiny_models, tmp_path, load_script):
         score_file(model, tok, "x = 1\n", stride=33)
     with pytest.raises(CodeParrotError, match="context"):
         score_file(model, tok, "x = 1\n", context=33)
+    # 0 is refused, not taken for "the default" (stride/context or ...)
+    with pytest.raises(CodeParrotError, match="--stride must be in"):
+        score_file(model, tok, "x = 1\n", stride=0)
+    with pytest.raises(CodeParrotError, match="--context must be in"):
+        score_file(model, tok, "x = 1\n", context=0)
+    scores = score_file(model, tok, "x = 1\n", top_k=2)
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(CodeParrotError, match="--max-loss must be a finite number > 0"):
+            render_html(scores, "f.py", "test", max_loss=bad)
     assert not (tmp_path / "o.html").exists()
+
+
+def test_special_token_strings_in_the_file_are_scored_as_plain_text(tiny_models):
+    """The file is scored as training tokenized it: `<|endoftext|>` and `<fim_middle>` in the code are characters,
+    never the special ids (which would score an end of document inside the file)."""
+    model, tok = load_model_and_tokenizer(str(tiny_models["random_ctx32"]), device="cpu")
+    text = 'EOS = "<|endoftext|>"\nMIDDLE = "<fim_middle>"\n'
+    scores = score_file(model, tok, text, top_k=2)
+    ids = [t.token_id for t in scores.tokens]
+    assert ids == plain_text_encoder(tok).batch([text])[0]
+    assert not set(ids) & set(tok.added_tokens_decoder), "a special-token string was scored as a special id"
+    assert "".join(text[s.start:s.end] for s in scores.spans) == text
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-loss", "nan"], "--max-loss must be a finite number > 0"),
+    (["--max-loss", "inf"], "--max-loss must be a finite number > 0"),
+    (["--max-loss", "0"], "--max-loss must be a finite number > 0"),
+    (["--stride", "0"], "--stride must be at least 1"),
+    (["--context", "0"], "--context must be at least 2"),
+    (["--context", "1"], "--context must be at least 2"),
+    (["--context", "8", "--stride", "9"], r"--stride must be at most --context \(8\)"),
+])
+def test_bad_flags_are_refused_before_the_model_loads(flags, message, tmp_path, load_script):
+    src = tmp_path / "f.py"
+    src.write_text("x = 1\n")
+    # a model that does not exist: an error about it would mean the flag was checked only after loading (and
+    # the --max-loss ones only after scoring the whole file)
+    argv = [str(src), "--model", str(tmp_path / "no-model"), "--output", str(tmp_path / "o.html"), *flags]
+    with pytest.raises(CodeParrotError, match=message):
+        load_script("highlight").main(argv)
+
+
+def test_output_that_is_a_directory_is_refused_before_the_model_loads(tmp_path, load_script):
+    src = tmp_path / "f.py"
+    src.write_text("x = 1\n")
+    with pytest.raises(CodeParrotError, match=f"^--output {tmp_path} is a directory"):
+        load_script("highlight").main([str(src), "--model", str(tmp_path / "no-model"), "--output", str(tmp_path)])
+
+
+@pytest.mark.parametrize("max_loss", [5e-324, 1e-300, 0.01, 0.7, 1, 3, 8, 13, 1e10, 1.7e308])
+def test_legend_ticks_for_any_finite_max_loss(max_loss, tiny_models):
+    ticks = _ticks(max_loss)
+    assert 2 <= len(ticks) <= 9 and ticks[0] == 0 and ticks[-1] <= max_loss * (1 + 1e-9)
+    steps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert all(abs(s - steps[0]) <= 1e-9 * steps[0] for s in steps)  # evenly spaced
+    if max_loss == 8:
+        assert ticks == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # the default scale
+    model, tok = load_model_and_tokenizer(str(tiny_models["random_ctx32"]), device="cpu")
+    page = render_html(score_file(model, tok, "x = 1\n", top_k=2), "f.py", "test", max_loss=max_loss)
+    assert page.count('<span style="left:') == len(ticks)
 
 
 # The probe is appended to a copy of the page: it runs in the browser after layout and reports what was
