@@ -1,7 +1,11 @@
 """Initialize a GPT-2 model from a preset and commit it as "initial model" to a checkpoint repository.
 
     python scripts/initialize_model.py --model-config configs/model/codeparrot-small.yaml \\
-        --tokenizer tokenizer --repo models/codeparrot-small [--n_layer 6 ...]
+        --tokenizer tokenizer --repo ./models/codeparrot-small [--n_layer 6 ...]
+
+--repo is a local path when it starts with ./, / or ~ (or file://), or when its first folder exists here; a
+new or empty folder becomes a bare git repository. Otherwise OWNER/NAME is a Hub repository (hf://OWNER/NAME
+always is): `models/codeparrot-small` without a folder `models` here would be the Hub id models/codeparrot-small.
 
 The vocabulary size and BOS/EOS/PAD ids come from the tokenizer. The commit on `main` holds config.json,
 the weights (model.safetensors), the tokenizer and the preset (model_config.yaml). Any further

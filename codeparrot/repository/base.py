@@ -8,7 +8,10 @@ resume the model; `main` holds the "initial model" and, later, the promoted best
 
 How a reference is read: `hf://...` is the Hub, `file://...` or anything starting with `/`, `.` or `~` is a
 path, an existing path is a path; otherwise `owner/name` (one slash, Hub-legal characters) is the Hub when
-no directory `owner` exists here, and anything else is a path.
+no directory `owner` exists here, and anything else is a path. So `./models/small` is always local, while
+`models/small` is the Hub id models/small unless a folder `models` exists here. A pasted Hub address
+`https://huggingface.co/OWNER/NAME` reads as `hf://OWNER/NAME`; any other `scheme://` is refused (a URL is no
+folder name, and one with a token in it must not become one).
 """
 
 from __future__ import annotations
@@ -17,16 +20,26 @@ import abc
 import logging
 import os
 import re
+import unicodedata
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from codeparrot.atomic_io import atomic_dir
 from codeparrot.errors import CodeParrotError
+from codeparrot.redaction import scrub_secrets
 
 _STEP_RE = re.compile(r"\bstep[ _-]?(\d+)\b", re.IGNORECASE)
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)")
+_HUB_URL_RE = re.compile(r"^https://huggingface\.co/([^/?#@:]+/[^/?#@:]+?)/?$")
 INITIAL_MESSAGE = "initial model"
+# The trailer the pusher adds to every checkpoint commit it makes: which run pushed it. A branch started from
+# another experiment's branch holds that experiment's "step N" commits too (same step numbers); the mark tells
+# them apart (`metrics.branch_checkpoints`).
+RUN_TRAILER = "CodeParrot-Run"
+_RUN_TRAILER_RE = re.compile(rf"^{RUN_TRAILER}: *(\S.*?) *$", re.MULTILINE)
 logger = logging.getLogger(__name__)
 
 
@@ -45,6 +58,7 @@ class CommitInfo:
     message: str  # first line
     date: str  # ISO 8601
     step: int | None  # parsed from the message; None for "initial model" and other non-step commits
+    run: str | None = None  # the run that pushed it (its `CodeParrot-Run:` trailer); None: no mark
 
 
 @dataclass
@@ -130,9 +144,30 @@ def check_commit_folder(folder: str | os.PathLike) -> Path:
     return folder
 
 
+def run_mark(body: str | None) -> str | None:
+    """The run named by the `CodeParrot-Run:` trailer in a commit message's body, else None."""
+    marks = _RUN_TRAILER_RE.findall(body or "")
+    return marks[-1] if marks else None
+
+
+def with_run_mark(message: str, run: str) -> str:
+    """`message` with the trailer that marks the commit as pushed by `run` (the subject is left as it is)."""
+    return f"{message.rstrip()}\n\n{RUN_TRAILER}: {run}\n"
+
+
+def _instant(date: str) -> datetime:
+    """An ISO 8601 date as an aware datetime (any offset); unreadable or empty (a mirror gave none): the oldest."""
+    try:
+        when = datetime.fromisoformat(date)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
 def main_then_newest(branches: list[BranchInfo]) -> list[BranchInfo]:
-    """`list_branches` order: `main` first, then the others newest first."""
-    newest_first = sorted(branches, key=lambda b: b.date, reverse=True)
+    """`list_branches` order: `main` first, then the others newest first (by the instant: the date strings carry
+    the offset of the machine that committed, so they do not sort as text)."""
+    newest_first = sorted(branches, key=lambda b: _instant(b.date), reverse=True)
     return sorted(newest_first, key=lambda b: b.name != "main")  # stable: keeps newest first after main
 
 
@@ -145,12 +180,15 @@ def promotion_message(revision: str, source: str, source_message: str) -> tuple[
 
 
 def validate_branch_name(branch: str) -> str:
-    """Reject names git and the Hub both refuse (or that would read as options), with a one-line error."""
+    """Reject names git and the Hub both refuse (or that would read as options), with a one-line error. Unicode
+    control, format and separator characters (U+0085, U+2028, a no-break space, ...) are refused too: git accepts
+    them, but they split a name in listings and look like plain spaces (or nothing) when printed."""
     bad = (not branch or branch.startswith(("-", "/", ".")) or branch.endswith(("/", ".", ".lock"))
            or ".." in branch or "//" in branch or "@{" in branch or any(c in branch for c in " ~^:?*[\\\t\n")
-           or any(ord(c) < 32 or ord(c) == 127 for c in branch))
+           or any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp") for c in branch))
     if bad:
-        raise CodeParrotError(f"invalid branch name {branch!r} (no spaces, '..', '~^:?*[\\', leading '-' or '.')")
+        raise CodeParrotError(f"invalid branch name {branch!r} (no spaces, '..', '~^:?*[\\', control or separator "
+                              "characters, leading '-' or '.')")
     return branch
 
 
@@ -161,8 +199,29 @@ def validate_revision(revision: str) -> str:
     return revision
 
 
+def check_reference(ref: str) -> str:
+    """`ref` as the reference it stands for: a pasted `https://huggingface.co/OWNER/NAME` is `hf://OWNER/NAME`;
+    any other `scheme://` but `hf://` and `file://` is a one-line error that never repeats the URL's
+    credentials (without it, the URL would become a local folder named after it, token included)."""
+    ref = str(ref)
+    hub_url = _HUB_URL_RE.match(ref)
+    if hub_url and _HUB_ID_RE.match(hub_url.group(1)):
+        return f"hf://{hub_url.group(1)}"
+    scheme = _SCHEME_RE.match(ref)
+    if scheme and scheme.group(1).lower() not in ("hf", "file"):
+        host = scheme.group(2).rsplit("@", 1)[-1]  # what comes before an "@" is credentials: never shown
+        advice = ("; credentials in the URL are never used (log in with `hf auth login` or set HF_TOKEN)"
+                  if "@" in scheme.group(2) else "")
+        raise CodeParrotError(scrub_secrets(
+            f"unsupported repository reference {scheme.group(1)}://{host}/...: use OWNER/NAME or hf://OWNER/NAME for "
+            f"a Hub repository, a path or file://PATH for a local one{advice}"))
+    return ref
+
+
 def is_hub_ref(ref: str) -> bool:
-    """Whether `ref` names a Hub repository rather than a local path (see the module docstring)."""
+    """Whether `ref` names a Hub repository rather than a local path (see the module docstring); an
+    unsupported URL is a one-line error (`check_reference`)."""
+    ref = check_reference(ref)
     if ref.startswith("hf://"):
         return True
     if ref.startswith(("file://", "/", ".", "~")) or os.path.exists(ref):
@@ -171,6 +230,8 @@ def is_hub_ref(ref: str) -> bool:
 
 
 def strip_scheme(ref: str) -> str:
+    """The Hub id or the path `ref` names, without `hf://` or `file://` (see `check_reference`)."""
+    ref = check_reference(ref)
     for scheme in ("hf://", "file://"):
         if ref.startswith(scheme):
             return ref[len(scheme):]

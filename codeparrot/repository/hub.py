@@ -103,8 +103,10 @@ class HubRepository(CheckpointRepository):
     def _upload(self, folder: str | os.PathLike, branch: str, message: str, run_as_future: bool):
         folder = base.check_commit_folder(folder)
         self.create_branch(branch)  # a new experiment branches off main
+        subject, _, body = message.strip().partition("\n")  # the Hub keeps a commit's title and description apart
         return self._call("uploading to", self.api.upload_folder, branch, repo_id=self.repo_id,
-                          folder_path=str(folder), revision=branch, commit_message=message,
+                          folder_path=str(folder), revision=branch, commit_message=subject,
+                          commit_description=body.strip() or None,
                           delete_patterns="*",  # the folder becomes the whole tree (.gitattributes is kept)
                           run_as_future=run_as_future)
 
@@ -144,11 +146,19 @@ class HubRepository(CheckpointRepository):
         base.validate_branch_name(branch)
         commits = self._call("reading", self.api.list_repo_commits, branch, repo_id=self.repo_id, revision=branch)
         return [CommitInfo(commit_id=c.commit_id, message=c.title, date=c.created_at.isoformat(),
-                           step=base.parse_step(c.title)) for c in commits]
+                           step=base.parse_step(c.title), run=base.run_mark(getattr(c, "message", None)))
+                for c in commits]
 
     def _write_revision(self, revision: str, folder: Path) -> None:
-        hub_snapshot(self.repo_id, revision, local_dir=folder, repo_type=self.repo_type)
-        shutil.rmtree(folder / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
+        # Through the Hub cache, then copied: `snapshot_download(local_dir=...)` offline looks only at the folder's
+        # own download metadata, so a revision the cache holds reads as "not cached". Copies, not links: the
+        # output is the user's to change, the cache's files are shared (the price: the files are on disk twice).
+        snapshot = hub_snapshot(self.repo_id, revision, repo_type=self.repo_type)
+        try:
+            shutil.copytree(snapshot, folder, dirs_exist_ok=True)  # the cache's symlinks copied as their files
+        except OSError as err:
+            raise CodeParrotError(f"copying {self.repo_id}@{revision} from the Hub cache into {folder}: "
+                                  f"{err.strerror or err}") from None
 
     def promote(self, revision: str) -> str:
 

@@ -3,7 +3,9 @@
 One sequence for `scripts/initialize_model.py`, the demo, the toy run and the benchmarks: check the
 repository (no second initial model on `main` unless forced), build the model, save weights + tokenizer +
 the resolved preset into a temporary folder, commit it to `main`. A local repository created here is removed
-again if the commit fails, so nothing is left half-made.
+again if the commit fails, so nothing is left half-made (an empty folder given as the repository is left empty).
+Where two processes create the same new local repository at once, one creates it and both commit to it (the
+second one's check for an initial model then sees the first's).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import yaml
 
 from codeparrot.config import REQUIRED, doc, to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref
+from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, strip_scheme
 from codeparrot.repository.model import (
     ModelConfig,
     build_model,
@@ -38,7 +40,10 @@ class InitializeConfig:
     model_config: str = doc(REQUIRED, "model preset YAML, e.g. configs/model/tiny.yaml")
     tokenizer: str = doc(REQUIRED, "tokenizer folder (train_tokenizer.py output), or a repository to take it from")
     repo: str | None = doc(None, "checkpoint repository: a local path (a bare git repository is created if "
-                                 "missing) or a Hub id user/name; required unless --count-only")
+                                 "missing or an empty folder) or a Hub id OWNER/NAME. A path starting with ./, / "
+                                 "or ~, file://PATH, or one whose first folder exists here is local; hf://OWNER/NAME "
+                                 "is always the Hub (so: ./models/small, not models/small, for a new folder "
+                                 "models/); required unless --count-only")
     seed: int = doc(42, "seed of the weight initialization (default: 42)")
     count_only: bool = doc(False, "print the parameter count (computed on the meta device, nothing allocated) and "
                                   "exit")
@@ -56,11 +61,19 @@ def check_no_initial_model(repo: CheckpointRepository, ref: str, force: bool) ->
         raise CodeParrotError(f"{ref} already has an initial model on main (--force adds another)")
 
 
+def _new_local_path(repo_ref: str) -> Path | None:
+    """The path of a local repository `repo_ref` that does not exist yet (missing, or an empty folder), else None
+    (a Hub id, or an existing local path, the scheme `file://` stripped: `Path("file://x")` never exists)."""
+    if is_hub_ref(repo_ref):
+        return None
+    path = Path(strip_scheme(repo_ref)).expanduser()
+    return path if not path.exists() or (path.is_dir() and not any(path.iterdir())) else None
+
+
 def check_can_initialize(repo_ref: str, force: bool = False) -> None:
     """The cheap checks before any weights exist: an existing local path must be a repository without an
     initial model (a Hub repository is checked in `initialize_model`, after every input is known good)."""
-    path = Path(repo_ref).expanduser()
-    if not is_hub_ref(repo_ref) and path.exists():
+    if not is_hub_ref(repo_ref) and _new_local_path(repo_ref) is None:
         check_no_initial_model(open_repository(repo_ref), repo_ref, force)
 
 
@@ -68,10 +81,9 @@ def initialize_model(cfg: ModelConfig, tokenizer, repo_ref: str, seed: int = 42,
     """Build the GPT-2 of preset `cfg` with `tokenizer`'s vocabulary, initialized with `seed`, and commit it
     with the tokenizer and the preset to `main` of `repo_ref` (created if missing). Returns the commit id."""
     repo_ref = str(repo_ref)
-    hub = is_hub_ref(repo_ref)
-    repo_path = Path(repo_ref).expanduser()
-    local_new = not hub and not repo_path.exists()
-    repo = None if local_new else open_repository(repo_ref, create=hub)
+    new_path = _new_local_path(repo_ref)
+    was_empty_dir = new_path is not None and new_path.is_dir()
+    repo = None if new_path is not None else open_repository(repo_ref, create=is_hub_ref(repo_ref))
     if repo is not None:
         check_no_initial_model(repo, repo_ref, force)
     model = build_model(to_gpt2_config(cfg, tokenizer), seed=seed)
@@ -81,11 +93,23 @@ def initialize_model(cfg: ModelConfig, tokenizer, repo_ref: str, seed: int = 42,
         try:
             if repo is None:
                 repo = open_repository(repo_ref, create=True)
+                if not getattr(repo, "created", True):  # another process made it first: it may have committed
+                    check_no_initial_model(repo, repo_ref, force)
             return repo.commit_folder(tmp, "main", INITIAL_MESSAGE)
         except BaseException:
-            if local_new and repo_path.exists():  # nothing half-created: remove the repository we just made
-                shutil.rmtree(repo_path, ignore_errors=True)
+            # nothing half-created: remove the repository this process made, unless another one committed to it
+            if new_path is not None and getattr(repo, "created", False) and not _has_branches(repo):
+                shutil.rmtree(new_path, ignore_errors=True)
+                if was_empty_dir:
+                    new_path.mkdir(exist_ok=True)  # as it was given
             raise
+
+
+def _has_branches(repo: CheckpointRepository) -> bool:
+    try:
+        return bool(repo.list_branches())
+    except Exception:  # noqa: BLE001 - unreadable: keep it rather than delete what may be another's
+        return True
 
 
 def run_initialize(cfg: InitializeConfig, overrides: list[str] | None = None) -> str | None:

@@ -13,7 +13,10 @@ Large files: when `git lfs` is installed the repository is created with LFS trac
 (`*.safetensors`, `*.bin`, `*.pt`, ...), the objects living in the repository's own `lfs/` folder; without it
 (the common case on CI machines) weights are plain git blobs, stored uncompressed (zlib saves about 7% on fp32
 weights at 4x the time: 5 s instead of 46 s to commit codeparrot-small's 444 MB on 2 busy cores) and never
-delta-searched (`core.bigFileThreshold`). `lfs_enabled` says which mode a repository uses.
+delta-searched (`core.bigFileThreshold`). `lfs_enabled` says which mode a repository uses. Every tree committed
+in LFS mode carries a `.gitattributes` with the LFS rules, so a `git clone` (with git-lfs installed) converts
+the pointers back into weights; a revision whose files are still LFS pointers (a clone without git-lfs, or
+before `git lfs pull`) is refused when materialized, never handed to `from_pretrained` or cached.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import contextlib
 import functools
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +42,7 @@ from codeparrot.repository.base import (
     main_then_newest,
     parse_step,
     promotion_message,
+    run_mark,
     validate_branch_name,
     validate_revision,
 )
@@ -44,6 +50,10 @@ from codeparrot.repository.base import (
 GIT_IDENTITY = ("CodeParrot", "codeparrot@localhost")
 ZERO_ID = "0" * 40
 LFS_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.npy", "*.h5", "*.msgpack", "*.gguf")
+LFS_ATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS)
+# How every git-lfs pointer file starts (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md); pointers are
+# smaller than 1024 bytes.
+LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1\n"
 # Settings that make commits independent of the user's global git config (CRLF conversion, signing, ...).
 _GIT_CONFIG = (
     f"user.name={GIT_IDENTITY[0]}", f"user.email={GIT_IDENTITY[1]}", "commit.gpgSign=false",
@@ -72,6 +82,29 @@ def git_lfs_available() -> bool:
         return False
 
 
+def lfs_pointers(folder: Path) -> list[Path]:
+    """The files under `folder` (its `.git` aside) that are git-lfs pointer files rather than their contents."""
+    found = []
+    for path in sorted(Path(folder).rglob("*")):
+        if ".git" in path.relative_to(folder).parts or path.is_symlink() or not path.is_file():
+            continue
+        if path.stat().st_size < 1024:
+            with open(path, "rb") as f:
+                if f.read(len(LFS_POINTER_PREFIX)) == LFS_POINTER_PREFIX:
+                    found.append(path)
+    return found
+
+
+def check_no_lfs_pointers(folder: Path, what: str) -> None:
+    """A one-line error when `folder` (the files of `what`) holds git-lfs pointers instead of the files."""
+    pointers = lfs_pointers(folder)
+    if pointers:
+        names = ", ".join(str(p.relative_to(folder)) for p in pointers[:3]) + (", ..." if len(pointers) > 3 else "")
+        verb = "is a git-lfs pointer" if len(pointers) == 1 else "are git-lfs pointers"
+        raise CodeParrotError(f"{what}: {names} {verb}, not the file's contents: install git-lfs and run "
+                              "`git lfs pull` in the clone (or use the original repository)")
+
+
 def _git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
     env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
@@ -87,12 +120,13 @@ class LocalGitRepository(CheckpointRepository):
         self.ref = str(self.path)
         if shutil.which("git") is None:
             raise CodeParrotError("git is not installed; local checkpoint repositories need it")
+        self.created = False  # whether this object made the repository (not another process racing it)
         empty_dir = self.path.is_dir() and not any(self.path.iterdir())
         if not self.path.exists() or (create and empty_dir):
             if not create:
                 raise CodeParrotError(f"repository not found: {self.path} (scripts/initialize_model.py creates one)")
-            self._init(use_lfs)
-        elif not is_git_repository(self.path):
+            self._init(use_lfs, empty_dir)
+        if not is_git_repository(self.path):
             raise CodeParrotError(f"{self.path} exists but is not a git repository")
         bare = not (self.path / ".git").exists()
         self.git_dir = self.path if bare else Path(self._run(["git", "-C", str(self.path), "rev-parse",
@@ -129,13 +163,33 @@ class LocalGitRepository(CheckpointRepository):
         out = self._run(["git", f"--git-dir={self.git_dir}", "config", "--get", key], check=False).strip()
         return out or None
 
-    def _init(self, use_lfs: bool | None) -> None:
-        """Create a bare repository atomically (a failed init leaves nothing behind)."""
+    def _init(self, use_lfs: bool | None, empty_dir: bool = False) -> None:
+        """Create a bare repository atomically (a failed init leaves nothing behind). Where another process
+        creates the same repository at the same moment, one of them publishes it and the other uses it (sets
+        `created` only in the one that published). `empty_dir`: `path` is an existing empty folder, taken over."""
 
         lfs = git_lfs_available() if use_lfs is None else use_lfs
         if lfs and not git_lfs_available():
             raise CodeParrotError("use_lfs=True but git lfs is not installed")
-        with atomic_dir(self.path) as tmp:
+        if empty_dir:
+            try:
+                self.path.rmdir()  # published in its place below; it was empty, nothing is lost
+            except FileNotFoundError:
+                pass  # another process took it over first: theirs or ours, whichever publishes
+            except OSError:
+                return  # no longer empty: another process created the repository in it
+        try:
+            self._publish_new(lfs)
+        except FileExistsError:
+            return  # another process published its repository first: this one opens that (never replaces it)
+        except BaseException:
+            if empty_dir:
+                self.path.mkdir(exist_ok=True)  # the empty folder the user gave, as it was
+            raise
+        self.created = True
+
+    def _publish_new(self, lfs: bool) -> None:
+        with atomic_dir(self.path, replace=False) as tmp:
             self._run(["git", "init", "--quiet", "--bare", "--initial-branch=main", str(tmp)])
             settings = [("core.compression", "0"),  # weights barely compress (~7%); zlib even at level 1 is 4x slower
                         ("core.bigFileThreshold", "16m"),  # stream big blobs, never delta-search them
@@ -145,23 +199,35 @@ class LocalGitRepository(CheckpointRepository):
             if lfs:
                 self._run(["git", f"--git-dir={tmp}", "lfs", "install", "--local"], env={"GIT_DIR": str(tmp)})
                 # info/attributes applies to every tree this repository builds, without a .gitattributes file
-                # in the user's folder.
+                # in the user's folder; each commit also carries them as .gitattributes (`_add_lfs_attributes`),
+                # because info/attributes is not cloned.
                 (tmp / "info").mkdir(exist_ok=True)
-                (tmp / "info" / "attributes").write_text(
-                    "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS))
+                (tmp / "info" / "attributes").write_text(LFS_ATTRIBUTES)
             (tmp / "description").write_text("CodeParrot checkpoints: one branch per experiment\n")
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Serialize writers (several training runs pushing to one repository) with an flock."""
+        """Serialize writers (several training runs pushing to one repository) with an flock. The holder writes
+        who it is into the lock file; a writer that has to wait says for whom, on stderr, then waits."""
         try:
             import fcntl
         except ImportError:  # not POSIX: update-ref's compare-and-swap still refuses lost updates
             yield
             return
-        with open(self.git_dir / "codeparrot.lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(self.git_dir / "codeparrot.lock", "a+", encoding="utf-8") as lock:
             try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read(200).strip().splitlines()
+                print(f"waiting for the lock on {self.ref} held by {holder[0] if holder else 'another process'}",
+                      file=sys.stderr, flush=True)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                lock.seek(0)
+                lock.truncate()
+                lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+                lock.flush()
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -174,7 +240,9 @@ class LocalGitRepository(CheckpointRepository):
         return self._rev(f"refs/heads/{branch}")
 
     def _branch_names(self) -> list[str]:
-        return self._git("for-each-ref", "--format=%(refname:lstrip=2)", "refs/heads").split()
+        # split on "\n" only: git allows names with other Unicode separators (U+0085, U+2028), which
+        # str.split()/splitlines() would cut in two
+        return [n for n in self._git("for-each-ref", "--format=%(refname:lstrip=2)", "refs/heads").split("\n") if n]
 
     def _check_not_checked_out(self, branch: str) -> None:
         if self.bare:
@@ -226,15 +294,29 @@ class LocalGitRepository(CheckpointRepository):
             # A throwaway index: the folder becomes the whole tree (files absent from it are not carried over).
             env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             self._git("add", "--all", "--force", "--", ".", env=env, work_tree=folder.resolve())
+            if self.lfs_enabled:
+                self._add_lfs_attributes(env)
             tree = self._git("write-tree", env=env).strip()
             commit = self._commit_tree(tree, parent, message)
             self._move_branch(branch, commit, old, message)
         return commit
 
+    def _add_lfs_attributes(self, env: dict[str, str]) -> None:
+        """Put the LFS rules into the tree as `.gitattributes` (merged into the folder's own, if it has one): a
+        `git clone` does not copy the repository's info/attributes, and without the rules in the tree git-lfs
+        leaves the clone's weights as pointer files."""
+        own = self._git("cat-file", "blob", ":.gitattributes", env=env, check=False)
+        missing = [line for line in LFS_ATTRIBUTES.splitlines(keepends=True) if line.strip() not in own.splitlines()]
+        if not missing:
+            return
+        text = (own if not own or own.endswith("\n") else own + "\n") + "".join(missing)
+        blob = self._git("hash-object", "-w", "--stdin", input=text.encode("utf-8")).strip()
+        self._git("update-index", "--add", "--cacheinfo", f"100644,{blob},.gitattributes", env=env)
+
     def list_branches(self) -> list[BranchInfo]:
         fmt = "%(refname:lstrip=2)%00%(objectname)%00%(committerdate:iso-strict)%00%(contents:subject)"
         branches = []
-        for line in self._git("for-each-ref", f"--format={fmt}", "refs/heads").splitlines():
+        for line in self._git("for-each-ref", f"--format={fmt}", "refs/heads").split("\n"):  # not splitlines
             if not line:
                 continue
             name, commit, date, subject = line.split("\0", 3)
@@ -249,21 +331,29 @@ class LocalGitRepository(CheckpointRepository):
         if self._branch_tip(branch) is None:
             names = ", ".join(self._branch_names()) or "none yet"
             raise CodeParrotError(f"branch {branch!r} not found in {self.ref} (branches: {names})")
-        out = self._git("log", "--first-parent", "--format=%H%x00%cI%x00%s%x1e", f"refs/heads/{branch}", "--")
+        # -z: records end with NUL; a message cannot hold one, so the fields are NUL-separated too (4 per commit)
+        out = self._git("log", "-z", "--first-parent", "--format=%H%x00%cI%x00%s%x00%b", f"refs/heads/{branch}",
+                        "--")
+        fields = out.split("\0")
         commits = []
-        for record in out.split("\x1e"):
-            record = record.strip("\n")
-            if record:
-                commit, date, subject = record.split("\0", 2)
-                commits.append(CommitInfo(commit_id=commit, message=subject, date=date, step=parse_step(subject)))
+        for i in range(0, len(fields) - 3, 4):
+            commit, date, subject, body = fields[i:i + 4]
+            commits.append(CommitInfo(commit_id=commit.strip("\n"), message=subject, date=date,
+                                      step=parse_step(subject), run=run_mark(body)))
         return commits
 
     def checkout_into(self, commit: str, dest: Path) -> None:
-        """Write the files of `commit` into the existing folder `dest` (LFS objects expanded)."""
+        """Write the files of `commit` into the existing folder `dest` (LFS objects expanded). Files left as
+        git-lfs pointers (git-lfs missing, or a clone whose LFS objects were never fetched) are a one-line error:
+        they are no weights, and `dest` may be a cache folder named by the commit id."""
         with tempfile.TemporaryDirectory(prefix="codeparrot-index-") as tmp:
             env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             self._git("read-tree", commit, env=env, work_tree=dest)
             self._git("checkout-index", "--all", "--force", env=env, work_tree=dest)
+        attributes = dest / ".gitattributes"
+        if attributes.is_file() and attributes.read_text(encoding="utf-8", errors="replace") == LFS_ATTRIBUTES:
+            attributes.unlink()  # the rules `_add_lfs_attributes` added: not one of the committed folder's files
+        check_no_lfs_pointers(dest, f"{self.ref} at {commit[:12]}")
 
     def _write_revision(self, revision: str, folder: Path) -> None:
         self.checkout_into(self.resolve_revision(revision), folder)

@@ -9,12 +9,18 @@ tokens seen then and what the loss was measured on. Shape:
 
 (`val_sequences`/`val_seq_length` only when the run logged them.) `scripts/checkpoints.py plot` and the app's
 Experiments tab read it back with `pushed_losses`, for a local git repository or a Hub repository alike.
+
+Which commits are a branch's own checkpoints (`branch_checkpoints`): the pusher marks each commit with the run
+that pushed it (a `CodeParrot-Run: NAME` trailer, NAME being the branch); a branch started from another
+experiment's branch also holds that experiment's "step N" commits (with the same step numbers), which the mark
+excludes. Commits pushed before marks existed are kept, as they always were, with a note saying so.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from codeparrot.errors import CodeParrotError
@@ -48,7 +54,7 @@ def checkpoint_metrics(run_dir: Path, step: int) -> dict | None:
 
 def read_pushed_metrics(repo: CheckpointRepository, commit: str) -> dict | None:
     """`metrics.json` of `commit`, or None when the commit has none (pushed before it existed, or no eval)."""
-    from codeparrot.repository.hub import HubRepository
+    from codeparrot.repository.hub import HubRepository, hub_error
     from codeparrot.repository.local import LocalGitRepository
 
     text = None
@@ -57,12 +63,15 @@ def read_pushed_metrics(repo: CheckpointRepository, commit: str) -> dict | None:
         if repo._git("cat-file", "-t", f"{commit}:{METRICS_FILE}", check=False).strip() == "blob":
             text = repo._git("show", f"{commit}:{METRICS_FILE}")
     elif isinstance(repo, HubRepository):
-        from huggingface_hub import hf_hub_download
-
         try:
-            text = Path(hf_hub_download(repo.repo_id, METRICS_FILE, revision=commit)).read_text(encoding="utf-8")
-        except Exception:  # noqa: BLE001 - missing file, offline cache miss: no pushed metrics for this commit
-            text = None
+            path = repo.api.hf_hub_download(repo_id=repo.repo_id, filename=METRICS_FILE, revision=commit,
+                                            repo_type=repo.repo_type)
+            text = Path(path).read_text(encoding="utf-8")
+        except Exception as err:  # noqa: BLE001 - sorted out below
+            # Only the file missing from the commit means "no metrics": a 5xx, a rate limit or an offline cache
+            # miss skipped here would silently change which checkpoint `promote` chooses.
+            if not _file_missing(err):
+                raise hub_error(err, f"reading {METRICS_FILE} of", repo.repo_id, commit) from None
     if text is None:
         return None
     try:
@@ -73,23 +82,56 @@ def read_pushed_metrics(repo: CheckpointRepository, commit: str) -> dict | None:
     return data if isinstance(loss, (int, float)) and math.isfinite(loss) else None
 
 
-def branch_checkpoints(repo: CheckpointRepository, branch: str) -> list[CommitInfo]:
+def _file_missing(err: BaseException) -> bool:
+    """Whether a failed Hub download says the file is not in that revision (404 for the file itself), as opposed
+    to the repository or revision missing, the server failing, or an offline cache miss."""
+    from huggingface_hub import errors
+
+    if isinstance(err, errors.LocalEntryNotFoundError):  # an EntryNotFoundError too, but only "not cached"
+        return False
+    if isinstance(err, errors.EntryNotFoundError):
+        return True
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return (isinstance(err, errors.HfHubHTTPError) and status == 404
+            and not isinstance(err, (errors.RepositoryNotFoundError, errors.RevisionNotFoundError)))
+
+
+def branch_checkpoints(repo: CheckpointRepository, branch: str, notes: list[str] | None = None) -> list[CommitInfo]:
     """The "step N" commits of `branch` itself, oldest first: not those it inherited from `main` (a branch
-    starts from main, whose history may hold other experiments' promoted checkpoints)."""
+    starts from main, whose history may hold other experiments' promoted checkpoints), nor those of another
+    run it was started from (marked with that run's name; everything below the newest of them is that run's
+    history). Commits without a mark (pushed before marks existed) are kept, and a note says so: appended to
+    `notes`, or printed to stderr when no list is given."""
     inherited = set()
     if branch != "main":
         try:
             inherited = {c.commit_id for c in repo.list_commits("main")}
         except CodeParrotError:
             inherited = set()  # no main
-    return sorted((c for c in repo.list_commits(branch) if c.step is not None and c.commit_id not in inherited),
-                  key=lambda c: c.step)
+    own, unmarked = [], 0
+    for commit in repo.list_commits(branch):  # newest first, along the branch's own line
+        if commit.run is not None and commit.run != branch:
+            break  # the experiment this branch was started from: it and everything older is that run's
+        if commit.step is None or commit.commit_id in inherited:
+            continue
+        own.append(commit)
+        unmarked += commit.run is None
+    if unmarked:
+        note = (f"{unmarked} checkpoint(s) of {branch!r} carry no run mark (pushed before runs marked theirs): "
+                "taken as its own, though where it was started from another experiment's branch some are that one's")
+        if notes is None:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+        else:
+            notes.append(note)
+    return sorted(own, key=lambda c: c.step)
 
 
-def pushed_losses(repo: CheckpointRepository, branch: str) -> list[tuple[CommitInfo, dict]]:
-    """(checkpoint, its metrics.json) for every "step N" commit of `branch` that carries one, oldest first."""
+def pushed_losses(repo: CheckpointRepository, branch: str,
+                  notes: list[str] | None = None) -> list[tuple[CommitInfo, dict]]:
+    """(checkpoint, its metrics.json) for every "step N" commit of `branch` that carries one, oldest first
+    (`notes`: as for `branch_checkpoints`)."""
     out = []
-    for commit in branch_checkpoints(repo, branch):
+    for commit in branch_checkpoints(repo, branch, notes):
         metrics = read_pushed_metrics(repo, commit.commit_id)
         if metrics is not None:
             out.append((commit, metrics))

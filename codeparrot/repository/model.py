@@ -21,10 +21,12 @@ from typing import Literal
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from codeparrot.config import doc, load_config
 from codeparrot.errors import CodeParrotError, first_line
+from codeparrot.repository.local import lfs_pointers
 from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 
@@ -177,6 +179,14 @@ def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
             model = GPT2LMHeadModel.from_pretrained(str(folder), **kwargs)
     except (OSError, ValueError) as err:
         raise CodeParrotError(f"cannot load the model in {folder}: {first_line(err)}") from None
+    except SafetensorError as err:  # not an OSError: a truncated file, or a git-lfs pointer in place of the weights
+        pointers = [p for p in lfs_pointers(folder) if p.suffix == ".safetensors"]
+        if pointers:
+            raise CodeParrotError(f"cannot load the weights {pointers[0]}: it is a git-lfs pointer, not the weights "
+                                  "(install git-lfs and run `git lfs pull`)") from None
+        files = sorted(folder.glob("*.safetensors"))
+        where = files[0] if len(files) == 1 else folder / "*.safetensors"
+        raise CodeParrotError(f"cannot load the weights {where}: {first_line(err)}") from None
     skip_padding_check(model)
     return model
 

@@ -2,19 +2,20 @@
 
 How a reference is read: `hf://...` is the Hub, `file://...` or anything starting with `/`, `.` or `~` is a
 path, an existing path is a path; otherwise `owner/name` (one slash, Hub-legal characters) is the Hub when
-no directory `owner` exists here, and anything else is a path.
+no directory `owner` exists here, and anything else is a path. Other URLs are refused (`base.check_reference`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from codeparrot.atomic_io import atomic_dir
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.base import CheckpointRepository, is_hub_ref, strip_scheme
 from codeparrot.repository.hub import HubRepository, hub_snapshot
-from codeparrot.repository.local import LocalGitRepository, is_git_repository
+from codeparrot.repository.local import LocalGitRepository, check_no_lfs_pointers, is_git_repository, lfs_pointers
 
 
 def open_repository(ref: str, create: bool = False, repo_type: str = "model") -> CheckpointRepository:
@@ -44,8 +45,8 @@ def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
 
     - a plain folder (config.json/tokenizer files, not a repository): itself (`revision` must be None);
     - a local git repository: the revision (default `main`) materialized once per commit id in the cache
-      (commit ids name content, so a cached folder never goes stale); a non-bare repository without a
-      revision is used as checked out;
+      (commit ids name content, so a cached folder never goes stale; git-lfs pointers in place of files are an
+      error, never cached); a non-bare repository without a revision is used as checked out;
     - a Hub id: `snapshot_download` (uses the local Hub cache when offline).
     """
     ref = str(ref)
@@ -61,10 +62,13 @@ def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
             raise CodeParrotError(f"{path} is a plain folder, not a repository: it has no revision {revision!r}")
         return path
     if revision is None and (path / ".git").exists():
+        check_no_lfs_pointers(path, str(path))  # a clone made without git-lfs holds pointers, not weights
         return path  # a git worktree (e.g. a cloned model) without a revision: the files as checked out
     repo = LocalGitRepository(path)
     commit = repo.resolve_revision(revision or "main")
     target = cache_root() / commit
+    if target.is_dir() and lfs_pointers(target):
+        shutil.rmtree(target)  # cached by an older version that did not check for git-lfs pointers
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_dir(target) as tmp:  # a concurrent materialization of the same commit is identical

@@ -20,7 +20,8 @@ from codeparrot.repository.metrics import branch_checkpoints, describe_eval, pus
 from codeparrot.repository.promotion import promote_best
 from codeparrot.repository.refs import open_repository
 
-REPO_HELP = "repository: a local git repository path or a Hub id user/name (hf://user/name to force the Hub)"
+REPO_HELP = ("repository: a local git repository path (starting with ./, /, ~ or file://, or whose first folder exists) "
+             "or a Hub id user/name (hf://user/name forces the Hub)")
 
 
 def _repo_field():

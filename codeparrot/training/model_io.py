@@ -5,7 +5,11 @@ sends, `<run dir>/final`)."""
 from __future__ import annotations
 
 import json
+import sys
+import warnings
+from functools import wraps
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -73,11 +77,41 @@ def load_model(cfg: TrainConfig, model_dir: Path):
     return model
 
 
+_PUSHERS: list[CheckpointPusher] = []  # made by the `train` that runs now (`finishes_pushes`)
+
+
 def make_pusher(cfg: TrainConfig):
     if not cfg.checkpoint.push:
         return None
+    pusher = CheckpointPusher(cfg.model, cfg.run_name, from_revision=cfg.revision)  # the branch follows its parent
+    _PUSHERS.append(pusher)
+    return pusher
 
-    return CheckpointPusher(cfg.model, cfg.run_name, from_revision=cfg.revision)  # the branch follows its parent
+
+def finishes_pushes(job: Callable) -> Callable:
+    """Decorator for `train`: when it fails, the checkpoint pushes it had queued are finished before the error goes
+    on (the pusher's thread is a daemon: the process's end would drop them, and the checkpoint a failed run pushed
+    last is the one its user wants on the branch); Ctrl-C does not wait, it names what it leaves unpushed."""
+    @wraps(job)
+    def run(*args, **kwargs):
+        try:
+            return job(*args, **kwargs)
+        except KeyboardInterrupt:
+            for pusher in _PUSHERS:
+                for message in pusher.pending():
+                    warnings.warn(f"checkpoint {message!r} was not pushed (interrupted); it is still on disk")
+            raise
+        except BaseException:
+            for pusher in _PUSHERS:
+                if pusher.pending():
+                    print(f"the run failed: finishing its queued push(es) to {pusher.repo_ref}@{pusher.branch} "
+                          f"first ({', '.join(pusher.pending())})", file=sys.stderr, flush=True)
+                for error in pusher.wait():
+                    warnings.warn(error)
+            raise
+        finally:
+            _PUSHERS.clear()
+    return run
 
 
 def save_final_model(accelerator, model, tokenizer, folder: Path) -> None:

@@ -50,6 +50,7 @@ from codeparrot.training.micro_batch import (
 )
 from codeparrot.training.micro_step import MicroStep, resolve_cuda_graphs
 from codeparrot.training.model_io import (
+    finishes_pushes,
     load_model,
     load_tokenizer_checked,
     make_pusher,
@@ -93,6 +94,7 @@ class TrainResult:
 
 @stops_watchdogs  # a stall watchdog never outlives its run
 @restores_sigterm  # nor its SIGTERM handler
+@finishes_pushes  # a failed run still pushes what it had queued
 def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
           profile_steps: tuple[int, int] | None = None) -> TrainResult | None:
     """Run (or resume) the training described by `cfg`. `resume`: None, "auto" or a step-N folder.

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from codeparrot.repository.base import with_run_mark
 from codeparrot.repository.refs import open_repository
 
 from ..script_cases import run_cases
@@ -127,6 +128,7 @@ def test_bad_inputs_are_one_line_errors_and_create_nothing(run_all, tokenizer_di
     repo.commit_folder(tmp_path / "plain", "main", "initial model")
     out = tmp_path / "out"
     init = ["--model-config"]
+    pasted = "https://me:hf_abcdefghijklmnop@huggingface.co/u/m"
     cases = [  # (script, argv, what the one error line must name)
         # Tokenizer folder missing, or not a tokenizer.
         ("initialize_model.py", [*init, tiny, "--tokenizer", tmp_path / "nope", "--repo", new_repo], ["nope"]),
@@ -149,10 +151,18 @@ def test_bad_inputs_are_one_line_errors_and_create_nothing(run_all, tokenizer_di
          ["step-999"]),
         ("checkpoints.py", ["promote", tmp_path / "repo", "--revision", "v9"], ["v9"]),
         ("checkpoints.py", ["log", tmp_path / "repo", "--branch", "ghost"], ["ghost"]),
+        # file:// names the same repository: it already has an initial model
+        ("initialize_model.py", [*init, tiny, "--tokenizer", tokenizer_dir, "--repo", f"file://{tmp_path / 'repo'}"],
+         ["already has an initial model"]),
+        # A pasted URL (with a token in it) is no repository reference: refused, the token never printed.
+        ("initialize_model.py", [*init, tiny, "--tokenizer", tokenizer_dir, "--repo", pasted],
+         ["unsupported repository reference https://huggingface.co/"]),
+        ("checkpoints.py", ["list", pasted], ["unsupported repository reference"]),
     ]
     results = run_all([(script, argv) for script, argv, _ in cases])
     for (script, argv, needles), proc in zip(cases, results):
         _one_line_error(proc, *needles)
+        assert "hf_abcdefghijklmnop" not in proc.stderr + proc.stdout
     assert not new_repo.exists()
     assert [p.name for p in (tmp_path / "plain").iterdir()] == ["notes.txt"]
     assert not out.exists()
@@ -242,7 +252,7 @@ def test_pushed_losses_drive_plot_and_promote_from_the_repository_alone(run, tmp
     folder = tmp_path / "f"
     folder.mkdir()
     (folder / "weights.bin").write_text("x")
-    repo.commit_folder(folder, "bare", "step 5")
+    repo.commit_folder(folder, "bare", with_run_mark("step 5", "bare"))  # marked, as the pusher does
     promoted = run("checkpoints.py", "promote", repo_path, "--revision", "bare")
     assert promoted.returncode == 0 and "no validation loss was pushed" in promoted.stdout
     assert f"main before: {main_log[0].commit_id[:12]}" in promoted.stdout

@@ -402,6 +402,35 @@ def test_a_failing_tracker_only_warns(toy, monkeypatch):
     assert any("tracker tensorboard could not start" in str(w.message) for w in caught)
 
 
+def test_a_failed_run_finishes_its_queued_pushes_before_it_reports(toy, monkeypatch):
+    """The pusher's thread is a daemon: without waiting, the error's exit would drop the checkpoint queued last.
+    Here its push is slow and the run fails right after it; the branch still gets it."""
+    import time
+
+    from codeparrot.repository.pusher import CheckpointPusher
+    from codeparrot.repository.refs import open_repository
+    from codeparrot.training import train as train_module
+
+    push = CheckpointPusher._push_with_retries
+
+    def slow_push(self, staged, message):
+        time.sleep(2)
+        push(self, staged, message)
+
+    def broken_eval(*args, **kwargs):
+        raise RuntimeError("evaluation crashed")
+
+    monkeypatch.setattr(CheckpointPusher, "_push_with_retries", slow_push)
+    monkeypatch.setattr(train_module, "run_eval", broken_eval)  # runs after the step-2 checkpoint was queued
+    cfg = toy.config(run_name="failed-push", max_steps=4, **{
+        "output_dir": str(toy.root / "runs" / "failed-push"), "checkpoint.save_steps": 2, "checkpoint.push": True,
+        "eval.eval_steps": 3, "logging.log_steps": 2})
+    with pytest.raises(RuntimeError, match="evaluation crashed"):
+        _train(cfg)
+    steps = [c.step for c in open_repository(str(toy.repo)).list_commits("failed-push") if c.step]
+    assert steps == [2]
+
+
 def test_interrupted_save_never_breaks_latest(toy, monkeypatch):
     """A save that dies half-way (here: the data position cannot be written) leaves the previous checkpoints
     and `--resume auto` untouched; the next save clears the leftover."""
