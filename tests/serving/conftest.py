@@ -72,20 +72,24 @@ def served(serve_model):
 
 @pytest.fixture(scope="module")
 def generate_py(tmp_path_factory, load_script, tiny_models):
-    """`generate_py(prompt, model="memorized", stop=False) -> completion text`: scripts/generate.py run in-process,
-    greedy and unstripped (what the server does), without HumanEval's stop strings unless `stop`, its answer read
-    from its --output file."""
+    """`generate_py(prompt, model="memorized", stop=False, suffix=None) -> completion text`: scripts/generate.py
+    run in-process, greedy and unstripped (what the server does), without HumanEval's stop strings unless `stop`,
+    its answer read from its --output file. With `suffix`: fill-in-the-middle (`--suffix`), the reference for a FIM
+    prompt whether the server builds it or a client does (generate.py reads `--prompt` as plain text, as training
+    read code: sentinel strings in it stay text)."""
     script = load_script("generate")
     folder = tmp_path_factory.mktemp("generate")
     cache: dict = {}
 
-    def run(prompt: str, model: str = "memorized", new_tokens: int = NEW_TOKENS, stop: bool = False) -> str:
-        key = (prompt, model, new_tokens, stop)
+    def run(prompt: str, model: str = "memorized", new_tokens: int = NEW_TOKENS, stop: bool = False,
+            suffix: str | None = None) -> str:
+        key = (prompt, model, new_tokens, stop, suffix)
         if key not in cache:
             out = folder / f"{len(cache)}.json"
+            infill = [] if suffix is None else ["--suffix", suffix]
             assert script.main(["--model", str(tiny_models[model]), "--prompt", prompt, "--no-strip", "--temperature",
                                 "0", "--seed", "0", "--device", "cpu", "--max-new-tokens", str(new_tokens),
-                                "--quiet", "--output", str(out), *([] if stop else ["--no-stop"])]) == 0
+                                "--quiet", "--output", str(out), *infill, *([] if stop else ["--no-stop"])]) == 0
             cache[key] = json.loads(out.read_text())["completions"][0]["completion"]
         return cache[key]
 

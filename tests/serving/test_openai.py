@@ -39,7 +39,7 @@ def test_sdk_completion_plain_and_streamed_equal_generate_py(off_loopback, clien
 
 def test_sdk_suffix_is_fill_in_the_middle(client, generate_py):
     """`suffix` becomes the model's PSM prompt; the answer is what generate.py writes for that prompt."""
-    expected = generate_py(fim_prompt(PREFIX, SUFFIX), new_tokens=16)
+    expected = generate_py(PREFIX, new_tokens=16, suffix=SUFFIX)
     answer = client.completions.create(model="memorized", prompt=PREFIX, suffix=SUFFIX, max_tokens=16, temperature=0)
     assert answer.choices[0].text == expected
     chunks = client.completions.create(model="memorized", prompt=PREFIX, suffix=SUFFIX, max_tokens=16, temperature=0,
@@ -108,7 +108,8 @@ def test_llm_ls_openai_wire_format(served, generate_py):
     prompt = fim_prompt(PREFIX, SUFFIX)
     body = {"max_tokens": 16, "temperature": 0, "prompt": prompt, "model": "codeparrot", "stream": False}
     status, raw = _post(served.url + "/v1/completions", body)
-    assert status == 200 and json.loads(raw)["choices"][0]["text"] == generate_py(prompt, new_tokens=16)
+    assert status == 200
+    assert json.loads(raw)["choices"][0]["text"] == generate_py(PREFIX, new_tokens=16, suffix=SUFFIX)
     body["max_tokens"] = 10**9
     request = urllib.request.Request(served.url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -129,7 +130,7 @@ def test_continue_streamed_fim_request(served, generate_py):
     assert status == 200 and lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     text = "".join(c["choices"][0]["text"] for c in chunks)
-    assert text == generate_py(prompt, new_tokens=16).split("\n\n\n")[0]
+    assert text == generate_py(PREFIX, new_tokens=16, suffix=SUFFIX).split("\n\n\n")[0]
 
 
 def test_every_connection_stayed_on_loopback(off_loopback):

@@ -94,11 +94,12 @@ def test_text_generation_client(served, generate_py):
 def test_llm_ls_tgi_wire_format(served, generate_py):
     """llm-ls builds the FIM prompt itself and POSTs {"inputs", "parameters"} with return_full_text false to the
     configured URL (…/generate); its `tgi` backend accepts one object only (a list is an error there)."""
-    prompt = fim_prompt("def add(a, b):\n    return ", "\n\ndef sub(a, b):\n    return a - b\n")
+    prefix, suffix = "def add(a, b):\n    return ", "\n\ndef sub(a, b):\n    return a - b\n"
+    prompt = fim_prompt(prefix, suffix)
     body = {"inputs": prompt, "parameters": {"max_new_tokens": 16, "return_full_text": False}}
     status, answer = post(served.url + "/generate", body)
     assert status == 200 and isinstance(answer, dict) and set(answer) == {"generated_text"}
-    assert answer["generated_text"] == generate_py(prompt, new_tokens=16)
+    assert answer["generated_text"] == generate_py(prefix, new_tokens=16, suffix=suffix)
     status, compat = post(served.url + "/", body)  # TGI's compatibility route: a list
     assert status == 200 and compat == [answer]
     # llm-vscode's default requestBody samples (temperature 0.2, top_p 0.95): still one object, any text
