@@ -191,16 +191,16 @@ def _generate_argv(tmp_path, *flags):
     return ["--model", str(tmp_path / "no-model"), "--device", "cpu", *flags]
 
 
-@pytest.mark.parametrize("how", ["argument", "stdin"])
-def test_a_prompt_that_is_not_utf8_is_a_one_line_error_before_the_model_loads(how, tmp_path, scripts_env, python,
-                                                                              repo_root):
-    # The real command line: argv and stdin bytes that are not UTF-8 arrive as lone surrogates / raw bytes.
-    argv = [python, str(repo_root / "scripts" / "generate.py"), *_generate_argv(tmp_path)]
-    argv += ["--prompt", b"def f():\n    x\xff"] if how == "argument" else ["--prompt", "-"]
+def test_a_prompt_that_is_not_utf8_is_a_one_line_error_before_the_model_loads(tmp_path, scripts_env, python,
+                                                                              repo_root, load_script):
+    # The real command line once (stdin's raw bytes through a pipe); argv carries such a byte as a lone surrogate
+    # (Python's surrogateescape), checked in-process.
+    argv = [python, str(repo_root / "scripts" / "generate.py"), *_generate_argv(tmp_path), "--prompt", "-"]
     result = subprocess.run(argv, input=b"def f():\n    x\xff", capture_output=True, env=scripts_env, timeout=120)
-    where = "--prompt" if how == "argument" else "--prompt - (stdin)"
     assert result.returncode == 2, result.stderr.decode(errors="replace")
-    assert result.stderr.decode() == f"error: {where}: not UTF-8 text (invalid byte at offset 14, line 2)\n"
+    assert result.stderr.decode() == "error: --prompt - (stdin): not UTF-8 text (invalid byte at offset 14, line 2)\n"
+    with pytest.raises(CodeParrotError, match=r"^--prompt: not UTF-8 text \(invalid byte at offset 14, line 2\)$"):
+        load_script("generate").main(_generate_argv(tmp_path, "--prompt", "def f():\n    x\udcff"))
 
 
 def test_a_suffix_that_is_not_utf8_is_a_one_line_error(tmp_path, monkeypatch, load_script):
