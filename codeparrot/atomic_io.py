@@ -2,8 +2,9 @@
 
 `atomic_dir(final)` yields a temporary folder next to `final`; on success everything in it is flushed to disk
 (fsync) and it takes the place of the old `final` (if any) in one atomic exchange of the two names, so `final` is
-always a complete folder, the old one or the new one; on failure the temporary folder is removed. `atomic_write_text` does the same for one file with `os.replace`, which is atomic on POSIX when source
-and target share a filesystem.
+always a complete folder, the old one or the new one; on failure the temporary folder is removed.
+`atomic_write_text` does the same for one file with `os.replace`, which is atomic on POSIX when source and target
+share a filesystem.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import glob
 import json
 import os
@@ -106,19 +108,30 @@ def _renameat2(a: Path, b: Path, flags: int) -> bool:
     """Linux `renameat2` (3.15+, glibc 2.28+): RENAME_EXCHANGE swaps the names `a` and `b` atomically,
     RENAME_NOREPLACE renames `a` to `b` unless `b` exists (FileExistsError). False where the system or the
     filesystem does not offer the flag."""
-    if not sys.platform.startswith("linux"):
+    renameat2 = _libc_renameat2()
+    if renameat2 is None:
         return False
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # an older C library
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):  # not offered here
+    # not offered here (EPERM: a container's seccomp filter that predates the call; a real permission problem
+    # comes back from the plain rename)
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
         return False
     raise OSError(err, os.strerror(err), str(b))  # FileExistsError for EEXIST
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_renameat2():
+    """The C library's `renameat2`, or None (not Linux, or a C library older than glibc 2.28)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2
 
 
 def _tmp_prefix(final: Path) -> str:

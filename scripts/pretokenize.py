@@ -10,7 +10,8 @@ EOS id, tokenizer fingerprint). Point the training config's data.train / data.va
 Written atomically: an interrupted run (Ctrl-C, a kill, a power loss, a full disk; during the final commit too)
 leaves only a hidden .NAME.partial/ folder, and running the same command again resumes from it; a folder already
 holding this data tokenized by this tokenizer is skipped. A second run on the same output (the command started on
-every node) stops at once with an error naming the first (a lock on the hidden .NAME.lock beside the output).
+every node) waits for the first, naming it (a lock on the hidden .NAME.lock beside the output), then reuses its
+output.
 """
 
 from __future__ import annotations

@@ -150,9 +150,13 @@ class HubRepository(CheckpointRepository):
                 for c in commits]
 
     def _write_revision(self, revision: str, folder: Path) -> None:
-        # Through the Hub cache, then copied: `snapshot_download(local_dir=...)` offline looks only at the folder's
-        # own download metadata, so a revision the cache holds reads as "not cached". Copies, not links: the
-        # output is the user's to change, the cache's files are shared (the price: the files are on disk twice).
+        if not constants.HF_HUB_OFFLINE:  # straight into the folder: the files on disk once, not in ~/.cache too
+            hub_snapshot(self.repo_id, revision, local_dir=folder, repo_type=self.repo_type)
+            shutil.rmtree(folder / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
+            return
+        # Offline, through the Hub cache, then copied: `snapshot_download(local_dir=...)` offline looks only at the
+        # folder's own download metadata, so a revision the cache holds reads as "not cached". Copies, not links:
+        # the output is the user's to change, the cache's files are shared.
         snapshot = hub_snapshot(self.repo_id, revision, repo_type=self.repo_type)
         try:
             shutil.copytree(snapshot, folder, dirs_exist_ok=True)  # the cache's symlinks copied as their files

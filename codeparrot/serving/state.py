@@ -1,11 +1,12 @@
 """What every route shares: the engine, the tokenizer with the prompt rules, the limits, and the bridge that carries
 a request's events from the engine thread to the route's coroutine.
 
-Prompts: EOS + the text, tokenized without other special tokens, exactly like scripts/generate.py's prompts
-(`codeparrot.inference.completion.build_prompt_ids`, but never stripped: an editor's prompt ends where the cursor is,
-and its trailing spaces and newlines are part of it). Training joins files with EOS, so EOS says "a file starts
-here". The FIM sentinels written in a prompt's text are encoded as their single special ids (a client that builds
-its own FIM prompt, as TGI's clients do); the OpenAI route's `suffix` builds the prompt here, from plain text.
+Prompts: EOS + the text, never stripped (an editor's prompt ends where the cursor is, and its trailing spaces and
+newlines are part of it). Training joins files with EOS, so EOS says "a file starts here". Unlike scripts/generate.py
+(`build_prompt_ids`, plain text as in training), the FIM sentinels and EOS written in a prompt's text are encoded as
+their single special ids: editors' clients (TGI's, llm-ls, Continue) build FIM prompts themselves and send them as
+text. The OpenAI route's `suffix` builds the prompt here, from plain text (`fim_prompt_ids`), as generate.py's
+`--suffix` does: the same ids for the same prefix and suffix.
 
 Tokenizing is bounded before it starts: no token is longer than the tokenizer's longest one, so a text of more than
 `max_input_tokens * longest` characters is refused unread. The rest runs in a worker thread (the event loop stays

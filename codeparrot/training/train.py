@@ -92,9 +92,9 @@ class TrainResult:
     stopped_by_signal: bool = False  # SIGTERM stopped it after `step`, checkpoint saved, not finished
 
 
+@finishes_pushes  # a failed run still pushes what it had queued (after the two below: not a stall, SIGTERM ends it)
 @stops_watchdogs  # a stall watchdog never outlives its run
 @restores_sigterm  # nor its SIGTERM handler
-@finishes_pushes  # a failed run still pushes what it had queued
 def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
           profile_steps: tuple[int, int] | None = None) -> TrainResult | None:
     """Run (or resume) the training described by `cfg`. `resume`: None, "auto" or a step-N folder.
@@ -289,6 +289,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             if pusher is not None and not preempted:
                 pusher.push(result.last_checkpoint, f"step {step}", include=None if
                             cfg.checkpoint.push_training_state else model_files(result.last_checkpoint))
+            if preempted and main:  # now: the cluster's SIGKILL may come before the end of this function
+                print(f"stopped by SIGTERM after step {step}: saved {result.last_checkpoint}; `--resume auto` "
+                      f"continues from it", file=sys.stderr, flush=True)
             clock, clock_steps = time.perf_counter(), 0
             watchdog.beat(step)
         if stop or preempted:
@@ -304,15 +307,15 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         save_final_model(accelerator, model, tokenizer, run_dir / "final")
     watchdog.stop()  # waiting for a push (its own timeouts) is not a stall
     if pusher is not None:
+        if preempted and pusher.pending():
+            print(f"finishing the pushes queued before the stop ({', '.join(pusher.pending())}); a SIGKILL cuts them, "
+                  "their checkpoints stay on disk", file=sys.stderr, flush=True)
         result.push_errors = pusher.wait()
         for error in result.push_errors:
             warnings.warn(error)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     result.step, result.tokens_seen, result.stopped_by_signal = step, tokens_seen, preempted
-    if main and preempted:
-        print(f"stopped by SIGTERM after step {step}: saved {result.last_checkpoint}; `--resume auto` continues "
-              f"from it", file=sys.stderr, flush=True)
     if main and throughput.windows:
         print(throughput.write(run_dir, peak, peak_source))  # median tokens/s and MFU after the warm-up window
     if main and not preempted and (run_dir / "final").is_dir():

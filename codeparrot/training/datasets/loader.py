@@ -31,7 +31,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.repository.datasets import resolve_dataset
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.pretokenized import PretokenizedDataset, is_pretokenized, validate_against_tokenizer
-from codeparrot.training.stop_signal import ignore_sigterm
+from codeparrot.training.stop_signal import ignore_sigterm, kill_workers_at_exit
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -98,6 +98,8 @@ def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int,
             buffered = getattr(dataset, "fim", None) is not None and dataset.sequence_shuffle_buffer > 0
         snapshot_every_n_steps = 32 if buffered else 1
     extra = {"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor else {}
+    if num_workers > 0:
+        kill_workers_at_exit()  # they ignore SIGTERM (training/stop_signal.py)
     with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated (harmless) in torch 2.13
         warnings.filterwarnings("ignore", message=".*set_vital.*")
         return CheckedStatefulDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,

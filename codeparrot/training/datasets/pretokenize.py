@@ -10,7 +10,7 @@ only a failing disk leaves, is started over, with a note). The finished token fi
 folder (a hard link) that then takes the output's place (`atomic_dir`); the partial folder goes only after that,
 so a run stopped at any moment of the commit is resumed by the next one with nothing left to tokenize. A folder
 that already holds the same data tokenized by the same tokenizer is left as it is. A lock on `.NAME.lock` keeps
-a second run (the same command started on every node) from writing the same output.
+a second run (the same command started on every node) from writing the same output: it waits, then reuses it.
 """
 
 from __future__ import annotations
@@ -127,10 +127,11 @@ _NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 @contextlib.contextmanager
 def _exclusive(output_dir: Path):
-    """Hold an exclusive lock on `.NAME.lock` beside `output_dir` for the block, or fail at once naming the run that
-    holds it: two runs writing one output (the same command started on every node) would interleave in its partial
-    folder. The lock goes with the process however it ends; the file is removed at the end of the block (one left by
-    a killed run is merely reused)."""
+    """Hold an exclusive lock on `.NAME.lock` beside `output_dir` for the block, waiting (with one line naming the run
+    that holds it) where another run has it: two runs writing one output would interleave in its partial folder, and
+    the same command started on every node should end with every node using the one output the first one wrote.
+    The lock goes with the process however it ends; the file is removed at the end of the block (one left by a
+    killed run is merely reused)."""
     lock_path = output_dir.parent / f".{output_dir.name}.lock"
     fd = _lock(lock_path, output_dir)
     try:
@@ -151,9 +152,9 @@ def _lock(lock_path: Path, output_dir: Path) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process"
-            os.close(fd)
-            raise CodeParrotError(f"{output_dir}: another pretokenize run ({holder}) is writing it (it holds "
-                                  f"{lock_path}); wait for it to finish or stop it") from None
+            print(f"waiting for the pretokenize run writing {output_dir} ({holder}, holding {lock_path}): what it "
+                  "finishes is reused", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as err:
             os.close(fd)
             print(f"note: cannot lock {lock_path} ({err.strerror}): make sure only one run writes {output_dir}",

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from codeparrot.training.datasets.pretokenized import (
     INDEX_NAME,
     TOKENS_NAME,
     PretokenizedDataset,
+    read_index,
     validate_against_tokenizer,
 )
 
@@ -336,30 +338,27 @@ def texts_of(shards):
     return [json.loads(line)["content"] for p in sorted(shards.iterdir()) for line in gzip.open(p, "rt")]
 
 
-def test_a_second_run_on_the_same_output_is_refused_naming_the_first(shards, tokenizer, tmp_path):
-    """The same command started on every node: the second run fails at once instead of writing into the first's
-    partial folder."""
-    out, seen = tmp_path / "shared", []
+def test_a_second_run_on_the_same_output_waits_for_the_first_naming_it(shards, tokenizer, tmp_path, repo_root,
+                                                                       scripts_env):
+    """The same command started on every node: the second run waits (one line naming the first) instead of writing
+    into the first's partial folder or failing the job, then goes on (here: writes it, the first wrote nothing)."""
+    from codeparrot.training.datasets.pretokenize import _exclusive
 
-    class Interloper:  # the first run's tokenizer starts the second run while the first holds its lock
-        eos_token_id = tokenizer.eos_token_id
-
-        def __len__(self):
-            return len(tokenizer)
-
-        def get_vocab(self):
-            return tokenizer.get_vocab()
-
-        def __call__(self, texts, **kwargs):
-            if not seen:
-                with pytest.raises(CodeParrotError) as second:
-                    pretokenize(shards, tokenizer, out, progress=False)
-                seen.append(str(second.value))
-            return tokenizer(texts, **kwargs)
-
-    pretokenize(shards, Interloper(), out, batch_size=7, progress=False)
-    assert seen == [f"{out}: another pretokenize run (host {socket.gethostname()}, pid {os.getpid()}) is writing it "
-                    f"(it holds {tmp_path / '.shared.lock'}); wait for it to finish or stop it"]
+    out, tok_dir = tmp_path / "shared", tmp_path / "tok"
+    save_tokenizer(tokenizer, tok_dir)
+    second = None
+    with _exclusive(out):  # the first run, holding the lock
+        second = subprocess.Popen([sys.executable, "scripts/pretokenize.py", "--tokenizer", str(tok_dir), "--dataset",
+                                   str(shards), "--output-dir", str(out), "--quiet"],
+                                  cwd=repo_root, env=scripts_env, stderr=subprocess.PIPE, text=True)
+        lines = [second.stderr.readline(), second.stderr.readline()]  # "pretokenizing A -> B", then it waits
+        waiting = lines[-1]
+        assert waiting.startswith(f"waiting for the pretokenize run writing {out} (host {socket.gethostname()}, "
+                                  f"pid {os.getpid()}, holding {tmp_path / '.shared.lock'})"), lines
+        assert second.poll() is None and not out.exists()
+    _, rest = second.communicate(timeout=120)
+    assert second.returncode == 0, rest
+    assert read_index(out)["n_records"] == len(texts_of(shards))
     assert not (tmp_path / ".shared.lock").exists()  # removed with the run: nothing left beside the output
     (tmp_path / ".shared.lock").write_text("host gone, pid 1\n")  # a killed run's file, no longer locked
     assert pretokenize(shards, tokenizer, out, progress=False)["reused"]
