@@ -97,20 +97,18 @@ def test_sigterm_on_one_rank_stops_both_after_the_same_step_with_a_checkpoint(tm
 def test_a_crash_with_loader_workers_alive_still_exits(tmp_path, repo_root, scripts_env):
     """DataLoader workers ignore SIGTERM, and multiprocessing's exit handler SIGTERMs them and waits without a
     timeout: a crash whose traceback keeps the iterator alive would hang at exit instead of ending."""
-    script = tmp_path / "crash.py"
-    script.write_text("import torch\n"
-                      "from codeparrot.training.datasets.loader import build_dataloader\n"
-                      "class Zeros(torch.utils.data.IterableDataset):\n"
-                      "    def __iter__(self):\n"
-                      "        while True:\n"
-                      "            yield torch.zeros(4, dtype=torch.long)\n"
-                      "def train():\n"
-                      "    batches = iter(build_dataloader(Zeros(), batch_size=2, num_workers=1))\n"
-                      "    next(batches)\n"
-                      "    raise RuntimeError('crashed with its loader alive')\n"
-                      "train()\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, str(script)], cwd=repo_root, env=scripts_env, capture_output=True,
-                          text=True, timeout=90)
+    source = ("import torch\n"
+              "from codeparrot.training.datasets.loader import build_dataloader\n"
+              "class Zeros(torch.utils.data.IterableDataset):\n"
+              "    def __iter__(self):\n"
+              "        while True:\n"
+              "            yield torch.zeros(4, dtype=torch.long)\n"
+              "def train():\n"
+              "    batches = iter(build_dataloader(Zeros(), batch_size=2, num_workers=1))\n"
+              "    next(batches)\n"
+              "    raise RuntimeError('crashed with its loader alive')\n"
+              "train()\n")
+    done = _run_script(tmp_path / "crash.py", source, repo_root, scripts_env)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "RuntimeError: crashed with its loader alive", done.stderr
 
@@ -120,24 +118,28 @@ def test_a_process_that_cannot_reach_its_stop_still_ends_and_a_finished_run_is_n
     """A rank blocked in a collective whose peer died never reaches the agreed stop: `GIVE_UP_SECONDS` after its
     SIGTERM it ends, saying where it was blocked. A run that stopped in time (or an in-process caller after
     `train` returned) is never ended later by that timer."""
-    script = tmp_path / "give_up.py"
-    script.write_text("import os, signal, time\n"
-                      "import torch\n"
-                      "import codeparrot.training.stop_signal as stop_signal\n"
-                      "stop_signal.GIVE_UP_SECONDS = 0.5\n"
-                      "@stop_signal.restores_sigterm\n"
-                      "def stops_in_time():\n"
-                      "    stop = stop_signal.StopSignal(torch.device('cpu'), distributed=False).install()\n"
-                      "    os.kill(os.getpid(), signal.SIGTERM)\n"
-                      "    assert stop.agreed()\n"
-                      "stops_in_time()\n"
-                      "time.sleep(1.5)\n"
-                      "print('survived', flush=True)\n"
-                      "stop_signal.StopSignal(torch.device('cpu'), distributed=False).install()\n"
-                      "os.kill(os.getpid(), signal.SIGTERM)\n"
-                      "time.sleep(20)\n"
-                      "print('never ended', flush=True)\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, str(script)], cwd=repo_root, env=scripts_env, capture_output=True,
-                          text=True, timeout=90)
+    source = ("import os, signal, time\n"
+              "import torch\n"
+              "import codeparrot.training.stop_signal as stop_signal\n"
+              "stop_signal.GIVE_UP_SECONDS = 0.5\n"
+              "@stop_signal.restores_sigterm\n"
+              "def stops_in_time():\n"
+              "    stop = stop_signal.StopSignal(torch.device('cpu'), distributed=False).install()\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    assert stop.agreed()\n"
+              "stops_in_time()\n"
+              "time.sleep(1.5)\n"
+              "print('survived', flush=True)\n"
+              "stop_signal.StopSignal(torch.device('cpu'), distributed=False).install()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(20)\n"
+              "print('never ended', flush=True)\n")
+    done = _run_script(tmp_path / "give_up.py", source, repo_root, scripts_env)
     assert done.returncode == PREEMPTED_EXIT and done.stdout == "survived\n", (done.stdout, done.stderr)
     assert done.stderr.startswith("SIGTERM: no stop within 0.5 s (blocked at give_up.py:15 `time.sleep(20)`)")
+
+
+def _run_script(path: Path, source: str, repo_root, scripts_env) -> subprocess.CompletedProcess:
+    path.write_text(source, encoding="utf-8")
+    return subprocess.run([sys.executable, str(path)], cwd=repo_root, env=scripts_env, capture_output=True,
+                          text=True, timeout=90)
