@@ -66,6 +66,15 @@ class PlainTextEncoder:
             return backend.decode(list(ids), skip_special_tokens=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """`decode` of each ids list, in one call where the backend allows."""
+        if not batch:
+            return []
+        backend = self._plain_backend()
+        if backend is not None:
+            return backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
+        return [self.decode(ids) for ids in batch]
+
     def __getstate__(self) -> dict:
         return {"tokenizer": self.tokenizer}  # the backend's flag does not survive pickling: rebuilt lazily
 

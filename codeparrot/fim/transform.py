@@ -1,37 +1,47 @@
-"""The FIM training transform both data paths share: which documents are rearranged, where they are split, and
-the token layout of a rearranged document.
+"""The FIM training transform both data paths share, applied per training sequence (context-level FIM, as in
+the Megatron-LM trainer BigCode used for SantaCoder and StarCoder).
 
-For each document (one source file, before it is joined to the others with EOS):
+Files are tokenized as they are and joined with EOS; the stream is cut into sequences of L tokens; then each
+sequence [L] is rearranged on its own:
 
-    with probability `rate`: two split points drawn uniformly over its characters (0..len, sorted), so
-        text = prefix + middle + suffix, each piece tokenized on its own, then
-        PSM (probability 1 - spm_rate): <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle EOS
-        SPM (probability spm_rate):     <fim_prefix> <fim_suffix> suffix <fim_middle> prefix middle EOS
-    otherwise: text EOS, exactly as without FIM.
+    sequence = f1 EOS f2 EOS ... EOS fk        (f1: the end of a file begun in an earlier sequence, fk: the start
+                                                of one that runs on; either may be a whole file or empty)
+    each non-empty fragment fi, decoded to its text, with probability `rate`: two split points drawn uniformly
+        over its characters (0..len, sorted), text = prefix + middle + suffix, each piece tokenized on its own,
+        PSM (probability 1 - spm_rate): <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle
+        SPM (probability spm_rate):     <fim_prefix> <fim_suffix> suffix <fim_middle> prefix middle
+    otherwise fi's ids as they are; the EOS ids stay where they were;
+    the result cut back to L tokens (the rearranged pieces are a few tokens longer: 3 sentinels, and text split
+    in three tokenizes into slightly more tokens; what runs past L is dropped, as Megatron-LM does).
 
-Character-level split points (the Megatron-LM trainer BigCode used; SantaCoder's fine-tuning script split
-tokens): a split point is an index into the Python string, i.e. a code point boundary, so no sentinel ever
-splits a UTF-8 character, and the middle the model learns to write ends where a user's cursor can be, not at a
-token boundary of the whole file. The pieces are tokenized separately (`PlainTextEncoder`: their own text only,
-no special id from the text), which is how an infilling prompt is tokenized at inference. In SPM, prefix and
-middle are two separately tokenized pieces too (BigCode's layout): the model sees the prefix end at a token
-boundary, as it does when given an SPM prompt.
+Why per sequence and not per file: a file longer than a sequence, rearranged whole before packing, puts its
+middle in later sequences than its `<fim_prefix>` and `<fim_suffix>`, where those tokens train as plain text
+with the sentinels out of view (80% of middle tokens on the standard library at L = 1,024; GitHub files average
+about 9 KB, some 2,500 tokens). Here every `<fim_middle>` has its prefix and suffix in the same sequence. The FIM
+paper found this context-level variant slightly better than the document-level one.
 
-Where the randomness comes from: every draw of a document is a function of (seed, epoch, the document's text)
-only, a keyed BLAKE2b hash of them read as four 64-bit uniforms (rearrange? SPM? two split points). No RNG
-state is advanced per document, so the transform is the same whichever process, DataLoader worker or reader
-tokenizes the document, after any resume, in either data path; a new epoch draws new split points. (Two
-identical files in one epoch get the same split: the corpus is deduplicated anyway.) A document of no
-characters is never rearranged.
+Kept as they are (the draw is not used): a fragment whose rearranged ids would be fewer than its own (possible
+in principle: BPE on three pieces is not monotone), so a sequence is never shorter than L, `<fim_pad>` is never
+produced and nothing needs masking out of the loss; a fragment whose `<fim_middle>` would land past L - 2 (the
+last one, pushed out by the pieces before it: no middle token would be trained, only sentinels without their
+middle); a fragment cut inside a UTF-8 character at the sequence's edge (its text decodes with U+FFFD and does
+not re-encode to its ids): rearranging it would replace those bytes.
 
-`<fim_pad>` is never produced: rearranged documents are packed like any other (sequences are cut from the
-EOS-joined stream), so nothing is padded and nothing needs masking out of the loss.
+Character-level split points (Megatron-LM's; SantaCoder's fine-tuning script split tokens): a split point is an
+index into the Python string, a code point boundary, so no sentinel splits a UTF-8 character, and the middle the
+model learns to write ends where a user's cursor can be. Pieces are tokenized with `PlainTextEncoder` (their own
+text only, no special id from the text), as an infilling prompt is at inference. In SPM the prefix and the middle
+are two separately tokenized pieces too (BigCode's layout).
+
+Where the randomness comes from: a fragment's draws are a function of (seed, epoch, the fragment's text) only, a
+keyed BLAKE2b hash read as four 64-bit uniforms (rearrange? SPM? two split points). No RNG state advances, so a
+sequence is transformed the same whichever process, DataLoader worker or reader makes it, after any resume, in
+either data path (the transform is a function of the sequence's ids and epoch); a new epoch draws anew.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import struct
 from dataclasses import dataclass
 from typing import Sequence
@@ -44,11 +54,12 @@ from codeparrot.fim.tokens import FimTokenIds, fim_token_ids
 
 _U64 = 1 << 64
 _PERSON = b"codeparrot-fim"  # BLAKE2b personalization: these draws are independent of any other hash of the text
+LEVEL = "context"  # what a data position records: positions of the earlier per-file transform are refused
 
 
 @dataclass(frozen=True)
 class FimSplit:
-    """One rearranged document: text = prefix + middle + suffix; `spm` = suffix first."""
+    """One rearranged fragment: text = prefix + middle + suffix; `spm` = suffix first."""
 
     prefix: str
     middle: str
@@ -71,8 +82,14 @@ def check_rates(rate: float, spm_rate: float, prefix: str = "data.") -> None:
             raise CodeParrotError(f"{prefix}{name} must be in [0, 1], got {value!r}")
 
 
+def fragments(sequence: np.ndarray, eos_id: int) -> list[tuple[int, int]]:
+    """(start, end) of every non-empty EOS-free run of `sequence` [L], in order."""
+    cuts = [-1, *np.flatnonzero(sequence == eos_id).tolist(), len(sequence)]
+    return [(a + 1, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a + 1]
+
+
 class FimTransform:
-    """The transform at `rate` (fraction of documents rearranged) and `spm_rate` (fraction of those in SPM),
+    """The transform at `rate` (fraction of fragments rearranged) and `spm_rate` (fraction of those in SPM),
     seeded by `seed`, writing the sentinel ids `ids`. `FimTransform.for_tokenizer` builds it (or None when the
     rate is 0) and is where a tokenizer without the FIM tokens is a one-line error."""
 
@@ -93,11 +110,11 @@ class FimTransform:
 
     def describe(self) -> dict:
         """What a data position records: a resume with other rates would continue another stream."""
-        return {"fim_rate": self.rate, "fim_spm_rate": self.spm_rate}
+        return {"fim_rate": self.rate, "fim_spm_rate": self.spm_rate, "fim_level": LEVEL}
 
     # --- the draws --------------------------------------------------------------------------------------------
     def split(self, text: str, epoch: int) -> FimSplit | None:
-        """How document `text` is rearranged in `epoch`, or None when it is left as it is."""
+        """How fragment `text` is rearranged in `epoch`, or None when it is left as it is."""
         if not text:
             return None
         u_fim, u_spm, u_a, u_b = _uniforms(self.seed, epoch, text)
@@ -108,42 +125,57 @@ class FimTransform:
         return FimSplit(text[:a], text[a:b], text[b:], u_spm < self._spm_below)
 
     # --- the layout ---------------------------------------------------------------------------------------------
-    def arrange(self, split: FimSplit, prefix: Sequence[int], middle: Sequence[int], suffix: Sequence[int],
-                eos_id: int) -> list[int]:
-        """The ids of a rearranged document from its pieces' ids, EOS last (module docstring)."""
+    def arrange(self, split: FimSplit, prefix: Sequence[int], middle: Sequence[int],
+                suffix: Sequence[int]) -> list[int]:
+        """The ids of a rearranged fragment from its pieces' ids (module docstring)."""
         ids = self.ids
         if split.spm:
-            return [ids.prefix, ids.suffix, *suffix, ids.middle, *prefix, *middle, eos_id]
-        return [ids.prefix, *prefix, ids.suffix, *suffix, ids.middle, *middle, eos_id]
+            return [ids.prefix, ids.suffix, *suffix, ids.middle, *prefix, *middle]
+        return [ids.prefix, *prefix, ids.suffix, *suffix, ids.middle, *middle]
 
-    def encode_documents(self, encoder: PlainTextEncoder, texts: Sequence[str], epoch: int,
-                         eos_id: int) -> list[list[int]]:
-        """Each text's ids followed by EOS, the rearranged ones in FIM layout; one batched tokenizer call."""
+    def rearrange(self, encoder: PlainTextEncoder, sequences: np.ndarray, epoch: int, eos_id: int) -> np.ndarray:
+        """`sequences` [n, L] (cut from one EOS-joined stream of `epoch`) with their fragments rearranged, each
+        still [L] (module docstring); one batched decode and one batched tokenizer call for all of them."""
         encoder = plain_text_encoder(encoder)
-        splits = [self.split(text, epoch) for text in texts]
-        pieces: list[str] = []
-        for text, s in zip(texts, splits):
-            pieces.extend((text,) if s is None else (s.prefix, s.middle, s.suffix))
-        encoded = iter(encoder.batch(pieces))
-        docs = []
-        for s in splits:
-            if s is None:
-                docs.append([*next(encoded), eos_id])
-            else:
-                prefix, middle, suffix = next(encoded), next(encoded), next(encoded)
-                docs.append(self.arrange(s, prefix, middle, suffix, eos_id))
-        return docs
+        sequences = np.asarray(sequences)
+        spans = [fragments(seq, eos_id) for seq in sequences]
+        texts = iter(encoder.decode_batch([seq[a:b].tolist() for seq, frags in zip(sequences, spans)
+                                           for a, b in frags]))
+        plans = []  # per sequence: [(start, end, FimSplit | None)]
+        for frags in spans:
+            plans.append([(a, b, self.split(next(texts), epoch)) for a, b in frags])
+        pieces = iter(encoder.batch([p for plan in plans for _, _, s in plan if s is not None
+                                     for p in (s.prefix, s.middle, s.suffix)]))
+        out = sequences.copy()
+        for row, (seq, plan) in enumerate(zip(sequences, plans)):
+            parts, pos, grown = [], 0, 0  # grown: tokens the rearranged pieces so far added
+            for a, b, s in plan:
+                if s is None:
+                    continue
+                new = self.arrange(s, next(pieces), next(pieces), next(pieces))
+                if (len(new) < b - a  # never shorter: no padding
+                        or a + grown + new.index(self.ids.middle) > len(seq) - 2  # no middle token left to train
+                        or not self._exact(encoder, s, seq[a:b])):  # never a piece cut inside a character
+                    continue
+                parts += [seq[pos:a], np.asarray(new, dtype=seq.dtype)]
+                pos, grown = b, grown + len(new) - (b - a)
+            changed = pos > 0
+            if changed:
+                parts.append(seq[pos:])
+                out[row] = np.concatenate(parts)[: len(seq)]
+        return out
 
-    def encode_with_eos(self, encoder, texts: Sequence[str], epoch: int, eos_id: int,
-                        dtype: np.dtype) -> np.ndarray:
-        """`encode_documents` flattened: 1-D array d1 EOS d2 EOS ... (the ConstantLengthDataset's buffer)."""
-        docs = self.encode_documents(encoder, texts, epoch, eos_id)
-        return np.fromiter(itertools.chain.from_iterable(docs), dtype=dtype, count=sum(map(len, docs)))
+    @staticmethod
+    def _exact(encoder: PlainTextEncoder, split: FimSplit, ids: np.ndarray) -> bool:
+        """False when the fragment's text is not its bytes: a UTF-8 character cut at the sequence's edge decodes
+        to U+FFFD (checked by re-encoding, only then: a file may hold U+FFFD itself)."""
+        text = split.prefix + split.middle + split.suffix
+        return "\ufffd" not in text or encoder.batch([text])[0] == ids.tolist()
 
 
 def untransform(ids: Sequence[int], fim: FimTokenIds, decode) -> tuple[str, bool, bool]:
-    """(text, rearranged?, spm?) of one document's ids (EOS excluded), `decode` mapping ids to text: the inverse
-    of the layout, for tests and for looking at training data (`--inspect-batches`)."""
+    """(text, rearranged?, spm?) of one whole rearranged or kept fragment's ids (no EOS), `decode` mapping ids
+    to text: the inverse of the layout, for tests and for looking at training data."""
     ids = list(ids)
     if not ids or ids[0] != fim.prefix:
         return decode(ids), False, False

@@ -48,14 +48,14 @@ class DataConfig:
     num_of_sequences: int = doc(1024, "Sequences per tokenization buffer: buffer = seq_length × chars_per_token × "
                                       "num_of_sequences characters (text data only).")
     shuffle_buffer: int = doc(1000, "File-level shuffle buffer (files); 0 = stream order (text data only).")
-    sequence_shuffle_buffer: int = doc(1024, "Sequence-level shuffle buffer (sequences); 0 = no shuffling (JSONL "
-                                             "data, and pretokenized data with FIM on).")
+    sequence_shuffle_buffer: int = doc(1024, "Sequence-level shuffle buffer (sequences); 0 = no shuffling (text "
+                                             "data only: pretokenized sequences are read in a seeded permutation).")
     num_workers: int = doc(1, "DataLoader worker processes per training process (0 = load in the training process).")
-    fim_rate: float = doc(0.0, "Fill-in-the-middle: fraction of training documents split at two random characters "
-                               "and rearranged with the FIM sentinels (docs/fim.md); 0 = off (CodeParrot's recipe), "
-                               "0.5 = BigCode's. Needs a tokenizer with the FIM tokens; validation stays "
-                               "left-to-right.")
-    fim_spm_rate: float = doc(0.5, "Of the FIM documents, the fraction in SPM order (suffix first, StarCoder's "
+    fim_rate: float = doc(0.0, "Fill-in-the-middle: fraction of the files (the EOS-separated pieces of each training "
+                               "sequence) split at two random characters and rearranged with the FIM sentinels "
+                               "(docs/fim.md); 0 = off (CodeParrot's recipe), 0.5 = BigCode's. Needs a tokenizer "
+                               "with the FIM tokens; validation stays left-to-right.")
+    fim_spm_rate: float = doc(0.5, "Of the FIM pieces, the fraction in SPM order (suffix first, StarCoder's "
                                    "variant); the rest in PSM order (default 0.5, BigCode's).")
 
 

@@ -1,5 +1,6 @@
 """The FIM training transform (codeparrot/fim/transform.py) and plain-text encoding (codeparrot/fim/encoding.py):
-rates, split points, the layout and its inverse, UTF-8 safety, seeding, and the literal-sentinel hazard."""
+rates, split points, the per-sequence layout and its inverse, what is kept as it is, UTF-8 safety, seeding, and
+the literal-sentinel hazard."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from codeparrot.errors import CodeParrotError
 from codeparrot.fim import FIM_TOKENS, fim_prompt_ids, fim_token_ids
 from codeparrot.fim.encoding import PlainTextEncoder, plain_text_encoder
-from codeparrot.fim.transform import FimTransform, untransform
+from codeparrot.fim.transform import FimTransform, fragments, untransform
 
 from .helpers import old_style_tokenizer
 
@@ -54,32 +55,75 @@ def test_transformed_fraction_is_the_rate(code_tokenizer, documents, rate, spm_r
     assert all(s.prefix + s.middle + s.suffix == d for s, d in zip(splits, documents) if s is not None)
 
 
-def test_every_transformed_document_maps_back_and_no_sentinel_splits_a_character(code_tokenizer, stdlib_texts):
-    """Every rearranged document's ids decode back to the original text, in PSM and in SPM; each piece between
-    sentinels decodes on its own without a replacement character (a UTF-8 character cut in two would give one
-    on each side); a kept document is its plain tokenization."""
+def packed(tokenizer, texts: list[str], L: int) -> np.ndarray:
+    """`texts` tokenized as the data paths do, joined with EOS and cut into sequences [n, L]."""
+    eos = tokenizer.eos_token_id
+    stream = [t for ids in plain_text_encoder(tokenizer).batch(texts) for t in (*ids, eos)]
+    n = len(stream) // L
+    return np.array(stream[: n * L], dtype=np.uint16).reshape(n, L)
+
+
+def test_every_rearranged_piece_maps_back_and_no_sentinel_splits_a_character(code_tokenizer, stdlib_texts):
+    """Sequences cut from the EOS-joined stream, rearranged at rate 1: each stays [L] with its EOS ids where they
+    were (up to its last piece); every piece but a sequence's cut last one decodes back to the original piece's
+    text, in PSM and in SPM, with exactly the three sentinels, in order; each stretch between sentinels decodes
+    on its own without a replacement character (a UTF-8 character cut in two would give one on each side)."""
     texts = [t[:1500] for t in stdlib_texts[:60]] + UNICODE_DOCS * 8 + [HAZARD]
-    enc = plain_text_encoder(code_tokenizer)
-    ids = fim_token_ids(code_tokenizer)
-    eos = code_tokenizer.eos_token_id
+    enc, ids, eos = plain_text_encoder(code_tokenizer), fim_token_ids(code_tokenizer), code_tokenizer.eos_token_id
+    sequences = packed(code_tokenizer, texts, 256)
     seen = {"psm": 0, "spm": 0}
     for epoch in range(3):  # new split points every epoch
         fim = FimTransform.for_tokenizer(code_tokenizer, 1.0, 0.5, seed=epoch)
-        for text, doc in zip(texts, fim.encode_documents(code_tokenizer, texts, epoch, eos)):
-            assert doc[-1] == eos and eos not in doc[:-1]
-            back, rearranged, spm = untransform(doc[:-1], ids, enc.decode)
-            assert rearranged and back == text
-            split = fim.split(text, epoch)
-            seen["spm" if split.spm else "psm"] += 1
-            pieces = np.split(np.array(doc[:-1]), np.flatnonzero(np.isin(doc[:-1], ids.all())))
-            for piece in pieces:
-                decoded = enc.decode([t for t in piece.tolist() if t not in ids.all()])
-                assert "\ufffd" not in decoded, (text, decoded)
-            assert [t for t in doc if t in ids.all()].count(ids.middle) == 1  # exactly the inserted sentinels
-    assert min(seen.values()) > 50
-    kept = FimTransform.for_tokenizer(code_tokenizer, 1e-9, 0.5, seed=0).encode_documents(code_tokenizer, texts, 0, eos)
-    assert kept == [[*code_tokenizer(t, add_special_tokens=False, split_special_tokens=True)["input_ids"], eos]
-                    for t in texts]
+        out = fim.rearrange(code_tokenizer, sequences, epoch, eos)
+        assert out.shape == sequences.shape and out.dtype == sequences.dtype
+        for seq, new in zip(sequences, out):
+            before, after = fragments(seq, eos), fragments(new, eos)
+            for (a, b), (c, d) in list(zip(before, after))[:-1]:
+                back, rearranged, spm = untransform(new[c:d].tolist(), ids, enc.decode)
+                assert back == enc.decode(seq[a:b].tolist())
+                seen["spm" if spm else "psm"] += rearranged
+                assert [t for t in new[c:d] if t in ids.all()] == ([ids.prefix, ids.suffix, ids.middle]
+                                                                   if rearranged else [])
+                for piece in np.split(new[c:d], np.flatnonzero(np.isin(new[c:d], ids.all()))) if rearranged else ():
+                    decoded = enc.decode([t for t in piece.tolist() if t not in ids.all()])
+                    assert "\ufffd" not in decoded, decoded
+    assert min(seen.values()) > 30
+    kept = FimTransform.for_tokenizer(code_tokenizer, 1e-9, 0.5, seed=0).rearrange(code_tokenizer, sequences, 0, eos)
+    np.testing.assert_array_equal(kept, sequences)  # a piece not drawn keeps its ids
+
+
+def test_sequences_are_never_padded_and_never_hold_a_middle_sentinel_without_a_middle(code_tokenizer):
+    """The pieces that are kept as they are although drawn (transform docstring), each made to happen: a piece
+    whose rearranged ids would be shorter (an encoder that drops characters), a last piece whose <fim_middle>
+    would land past L - 2, and a piece cut inside a UTF-8 character at the sequence's edge."""
+    ids, eos = fim_token_ids(code_tokenizer), code_tokenizer.eos_token_id
+    fim = FimTransform.for_tokenizer(code_tokenizer, 1.0, 0.0, seed=0)  # every piece drawn, PSM
+
+    class Dropping(PlainTextEncoder):  # decodes like the real encoder, encodes every piece to nothing
+        def batch(self, texts):
+            return [[] for _ in texts]
+
+    seq = packed(code_tokenizer, ["def f(x):\n    return x + 1\n"] * 20, 64)[:1]
+    dropping = Dropping(code_tokenizer)
+    np.testing.assert_array_equal(fim.rearrange(dropping, seq, 0, eos), seq)
+
+    # a last piece of 3 tokens after one of 56: the first grows, the last one's <fim_middle> cannot fit
+    head = packed(code_tokenizer, ["x" * 5000], 56)[0]
+    seq = np.concatenate([head, [eos], head[:7]]).astype(np.uint16)[None]
+    new = fim.rearrange(code_tokenizer, seq, 0, eos)[0]
+    assert len(new) == 64 and new[0] == ids.prefix and ids.middle in new[:63]
+    last = new[np.flatnonzero(new == eos)[-1] + 1:]
+    assert not np.isin(last, ids.all()).any()  # kept: no sentinel without its middle
+    assert ids.pad not in new
+
+    # a sequence that starts inside a 4-byte character: its first piece is kept, the others are rearranged
+    emoji = packed(code_tokenizer, ["s = '😀🎉🐍'\n" * 30], 128)[0]
+    cut = next(k for k in range(1, 20) if "\ufffd" in plain_text_encoder(code_tokenizer).decode(emoji[k:k + 1]))
+    whole = plain_text_encoder(code_tokenizer).batch(["print('a whole file of one line')\n"])[0]
+    seq = np.concatenate([emoji[cut:cut + 40], [eos], whole, [eos]]).astype(np.uint16)[None]
+    new = fim.rearrange(code_tokenizer, seq, 0, eos)[0]
+    np.testing.assert_array_equal(new[:41], seq[0, :41])
+    assert new[41] == ids.prefix
 
 
 def test_draws_depend_on_seed_epoch_and_text_only(code_tokenizer, documents):
@@ -103,9 +147,10 @@ def test_literal_special_strings_in_files_stay_text(code_tokenizer):
     assert not special & set(plain)
     assert code_tokenizer.decode(plain) == HAZARD
     fim = FimTransform.for_tokenizer(code_tokenizer, 1.0, 0.0, seed=0)
-    [doc] = fim.encode_documents(code_tokenizer, [HAZARD], 0, code_tokenizer.eos_token_id)
-    assert sorted(t for t in doc if t in special) == sorted([*fim_token_ids(code_tokenizer).all()[:3],
-                                                             code_tokenizer.eos_token_id])
+    sequence = np.array([*plain, code_tokenizer.eos_token_id], dtype=np.uint16)[None]
+    [new] = fim.rearrange(code_tokenizer, sequence, 0, code_tokenizer.eos_token_id)
+    # the three inserted sentinels and nothing from the text (the EOS after it is pushed past L by them)
+    assert sorted(t for t in new if t in special) == sorted(fim_token_ids(code_tokenizer).all()[:3])
     # and the tokenizer's own default encoding is left as it was (the encoder works on a copy of the backend)
     assert code_tokenizer(HAZARD, add_special_tokens=False)["input_ids"] == default
 

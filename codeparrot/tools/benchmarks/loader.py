@@ -110,6 +110,11 @@ def rows(quick: bool = False) -> list[BenchRow]:
         out.append(BenchRow("data: ConstantLengthDataset, 1 process", "tokens/s", med, lo, hi, repeats,
                             f"seq {SEQ_LENGTH}, buffer 1024 seqs × 3.6 chars/token, reading gzip shards; "
                             f"{med / ceiling:.0%} of the tokenizer call alone, {med / med_orig:.2f}× the baseline"))
+        plain = med
+        med, lo, hi = measure(lambda: rate(n_tokens, lambda: _count(ConstantLengthDataset(
+            tokenizer, shards, seq_length=SEQ_LENGTH, fim_rate=0.5))), repeats=repeats, warmup=warmup)
+        out.append(BenchRow("data: ConstantLengthDataset with FIM 0.5, 1 process", "tokens/s", med, lo, hi, repeats,
+                            f"each sequence rearranged (docs/fim.md); {med / plain:.2f}× the row above"))
 
         outputs: list[Path] = []
         for workers in (1,) if quick else (1, 2):
@@ -128,8 +133,9 @@ def rows(quick: bool = False) -> list[BenchRow]:
         batch = 8
         n_batches = 200 if quick else 2000
 
-        def loader_rate() -> float:
-            ds = PretokenizedDataset(pretok, SEQ_LENGTH, infinite=True, seed=0)
+        def loader_rate(fim_rate: float = 0.0, n_batches: int = n_batches) -> float:
+            ds = PretokenizedDataset(pretok, SEQ_LENGTH, infinite=True, seed=0, tokenizer=tokenizer,
+                                     fim_rate=fim_rate)
             loader = build_dataloader(ds, batch_size=batch, num_workers=0)
             it = iter(loader)
             next(it)  # opens the map; the first batch is not what a long run sees
@@ -142,6 +148,11 @@ def rows(quick: bool = False) -> list[BenchRow]:
         out.append(BenchRow("data: pretokenized loader (memmap, StatefulDataLoader)", "tokens/s", med, lo, hi,
                             repeats, f"batch {batch}×{SEQ_LENGTH}, shuffled, 0 workers, state snapshot every "
                                      f"batch; target ≥ 10M tokens/s: {med / 1e7:.1f}× target"))
+        plain = med
+        med, lo, hi = measure(lambda: loader_rate(0.5, n_batches // 20), repeats=repeats)
+        out.append(BenchRow("data: pretokenized loader with FIM 0.5", "tokens/s", med, lo, hi, repeats,
+                            f"the row above, each sequence rearranged as it is read (docs/fim.md): "
+                            f"{med / plain:.3f}× it; one reader, so a GPU run gives it DataLoader workers"))
 
         # state size of the streaming dataset at CodeParrot's buffer, mid-buffer (the largest it gets)
         ds = ConstantLengthDataset(tokenizer, shards, seq_length=SEQ_LENGTH, num_of_sequences=1024)

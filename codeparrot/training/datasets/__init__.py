@@ -2,8 +2,8 @@
 workers, with an exact resumable position.
 
 `record_streams.py` reads records from local shards or the Hub; `constant_length.py` tokenizes them into
-EOS-joined fixed-length sequences; `pretokenized.py` tokenizes once and serves a memory-mapped token file;
-`pretokenized_fim.py` is the memory-mapped path with fill-in-the-middle (the transform itself, shared by both
-paths, is codeparrot/fim/transform.py); `resumable.py` is what both datasets share (splitting, shuffling,
-state); `loader.py` builds the dataset a path names and the DataLoader.
+EOS-joined fixed-length sequences; `pretokenize.py` tokenizes once and `pretokenized.py` serves the
+memory-mapped token file; both datasets rearrange sequences for fill-in-the-middle with the one transform in
+codeparrot/fim/transform.py; `resumable.py` is what both datasets share (splitting, shuffling, state);
+`loader.py` builds the dataset a path names and the DataLoader.
 """

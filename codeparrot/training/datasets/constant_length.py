@@ -5,8 +5,8 @@ of one global stream of epochs, so every file is read once per epoch whatever th
 
     records --(file shuffle buffer)--> texts until ~seq_length × chars_per_token × num_of_sequences characters
       --one batched tokenizer call--> t1 EOS t2 EOS ... tn EOS, appended to the carried tail of the last buffer
-        (with `fim_rate` > 0, some ti are rearranged for fill-in-the-middle first: codeparrot/fim/transform.py)
       --cut--> floor(len / seq_length) chunks [seq_length] + a new tail (< seq_length tokens, carried, not dropped)
+        (with `fim_rate` > 0, each chunk rearranged for fill-in-the-middle: codeparrot/fim/transform.py)
       --(sequence shuffle buffer)--> int64 tensors [seq_length]
 
 The position (`state_dict`) is everything needed to continue with the very next sequence without re-reading or
@@ -15,7 +15,7 @@ of it were used, both shuffle buffers, the RNG state (numpy PCG64: four integers
 buffer dominates, 2 bytes/token for vocabularies ≤ 65,536 (≈ 2 MiB at CodeParrot's 1024 × 1024), plus
 seq_length × 2 bytes per sequence in the sequence shuffle buffer and the texts held in the file shuffle buffer.
 With FIM on, the position also names the FIM rates (a resume must keep them): the transform itself has no state,
-each document's draws being a function of (seed, epoch, text).
+each fragment's draws being a function of (seed, epoch, text).
 Token arrays are stored as torch tensors that are never mutated, so a torchdata StatefulDataLoader snapshot after
 every batch only ships what changed (a few integers) except right after a refill.
 """
@@ -206,15 +206,15 @@ class _ConstantLengthIterator:
                 continue
             texts.append(text)
             chars += len(text)
-        if self.ds.fim is None:
-            tokens = encode_with_eos(self.ds.tokenizer, texts, self.ds.eos_id, self.ds.dtype)
-        else:  # every text of one refill belongs to this epoch (the loop above ends a buffer at an epoch's end)
-            tokens = self.ds.fim.encode_with_eos(self.ds.tokenizer, texts, self.epoch, self.ds.eos_id, self.ds.dtype)
+        tokens = encode_with_eos(self.ds.tokenizer, texts, self.ds.eos_id, self.ds.dtype)
         if len(self.tail):
             tokens = np.concatenate([self.tail, tokens])
         L = self.ds.seq_length
         n_full = len(tokens) // L * L
         self.pending, self.tail, self.pending_pos = tokens[:n_full], tokens[n_full:].copy(), 0
+        if self.ds.fim is not None:  # per sequence; one epoch per buffer (the loop above ends one at an epoch's end)
+            self.pending = self.ds.fim.rearrange(self.ds.tokenizer, self.pending.reshape(-1, L), self.epoch,
+                                                 self.ds.eos_id).reshape(-1)
         return True
 
     def _next_chunk(self) -> np.ndarray | None:

@@ -43,8 +43,7 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
                   fim_spm_rate: float = 0.5) -> torch.utils.data.IterableDataset:
     """The training/validation dataset for `data`:
     - a pretokenized folder (`scripts/pretokenize.py`) -> `PretokenizedDataset`, after checking it was made with
-      `tokenizer` (one-line error otherwise); `shuffle` = a seeded permutation of sequences per epoch (with FIM,
-      of windows, and the `sequence_shuffle_buffer` too: rearranged whole files are packed in order);
+      `tokenizer` (one-line error otherwise); `shuffle` = a seeded permutation of sequences per epoch;
     - JSON/JSONL(.gz) shards (file, folder, glob or list) -> `ConstantLengthDataset`; `shuffle` enables its
       file-level (`shuffle_buffer` records) and sequence-level (`sequence_shuffle_buffer`) shuffle buffers;
     - a Hub dataset id (`user/name`, not a local path; or `hub_dataset=`) -> `ConstantLengthDataset` streaming it;
@@ -62,8 +61,7 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
             validate_against_tokenizer(data, tokenizer)
             return PretokenizedDataset(data, seq_length, infinite=infinite, seed=seed, shuffle=shuffle, rank=rank,
                                        world_size=world_size, tokenizer=tokenizer, fim_rate=fim_rate,
-                                       fim_spm_rate=fim_spm_rate,
-                                       sequence_shuffle_buffer=sequence_shuffle_buffer if shuffle else 0)
+                                       fim_spm_rate=fim_spm_rate)
         text = os.fspath(data)
         if not os.path.exists(text) and not glob.has_magic(text):
             if not _HUB_ID.match(text):
@@ -87,15 +85,13 @@ def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int,
 
     `snapshot_every_n_steps`: how often workers send their dataset position; a resume replays the batches since
     the last snapshot, so it stays exact either way. Default: every batch for pretokenized data (a few integers),
-    every 32 for a dataset with a sequence (or file) shuffle buffer: the streaming dataset, or pretokenized data
-    with FIM (its state then carries the buffers, MBs)."""
+    every 32 for the streaming dataset with a sequence (or file) shuffle buffer (its state carries the buffers,
+    MBs)."""
     if batch_size <= 0 or num_workers < 0:
         raise CodeParrotError(f"batch_size must be > 0 and num_workers >= 0, got {batch_size} and {num_workers}")
     if snapshot_every_n_steps is None:
-        if isinstance(dataset, ConstantLengthDataset):
-            buffered = dataset.shuffle_buffer > 0 or dataset.sequence_shuffle_buffer > 0
-        else:
-            buffered = getattr(dataset, "fim", None) is not None and dataset.sequence_shuffle_buffer > 0
+        buffered = isinstance(dataset, ConstantLengthDataset) and (dataset.shuffle_buffer > 0
+                                                                   or dataset.sequence_shuffle_buffer > 0)
         snapshot_every_n_steps = 32 if buffered else 1
     extra = {"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor else {}
     if num_workers > 0:

@@ -16,9 +16,9 @@ permutation of the sequence indices seeded by (seed, epoch); rank r takes positi
 DataLoader worker w of that rank every workers-th of those, so each sequence belongs to exactly one reader. The
 position is (epoch, count consumed): O(1) to save and to restore.
 
-With fill-in-the-middle on (`fim_rate` > 0) the sequences are no longer fixed slices: the reader takes its
-windows in the same order, reads every document that starts in each (whole, past the window's end if it
-runs on), rearranges some of them and packs them into sequences (`pretokenized_fim.py`).
+With fill-in-the-middle on (`fim_rate` > 0) each slice is rearranged on its own as it is read
+(codeparrot/fim/transform.py: context-level FIM, a function of the slice's ids and the epoch), so the order,
+the split between readers and the position are the same as without FIM.
 """
 
 from __future__ import annotations
@@ -107,14 +107,13 @@ class PretokenizedDataset(ResumableIterableDataset):
     per epoch when `shuffle`, rank r takes r::world_size of it (worker w of that, w::num_workers);
     `infinite` restarts and counts `epoch`. The memory map is opened in the process that iterates.
     `fim_rate` > 0 (with `fim_spm_rate` and the `tokenizer` the data was made with, which must have the FIM
-    tokens): fill-in-the-middle training sequences (`pretokenized_fim.py`), shuffled through a buffer of
-    `sequence_shuffle_buffer` sequences (used with FIM only: without it the slices are already permuted)."""
+    tokens): each sequence rearranged for fill-in-the-middle (codeparrot/fim/transform.py)."""
 
     STATE_KIND, STATE_VERSION = "pretokenized", VERSION
 
     def __init__(self, path, seq_length: int, infinite: bool = False, seed: int = 0, shuffle: bool = True,
                  rank: int = 0, world_size: int = 1, tokenizer=None, fim_rate: float = 0.0,
-                 fim_spm_rate: float = 0.5, sequence_shuffle_buffer: int = 0):
+                 fim_spm_rate: float = 0.5):
         if seq_length <= 0:
             raise CodeParrotError(f"seq_length must be > 0, got {seq_length}")
         self._set_ranks(rank, world_size)
@@ -126,13 +125,11 @@ class PretokenizedDataset(ResumableIterableDataset):
         if self.n_sequences == 0:
             raise CodeParrotError(f"{path} holds {self.index['n_tokens']} tokens, fewer than one sequence of "
                                   f"{seq_length}")
-        if sequence_shuffle_buffer < 0:
-            raise CodeParrotError(f"sequence_shuffle_buffer must be >= 0, got {sequence_shuffle_buffer}")
-        self.tokenizer, self.fim, self.sequence_shuffle_buffer = tokenizer, None, int(sequence_shuffle_buffer)
+        self.tokenizer, self.fim = tokenizer, None
         check_rates(fim_rate, fim_spm_rate)
         if fim_rate > 0:
             if tokenizer is None:
-                raise CodeParrotError("FIM on pretokenized data needs the tokenizer (to split documents by character)")
+                raise CodeParrotError("FIM on pretokenized data needs the tokenizer (to split files by character)")
             self.fim = FimTransform.for_tokenizer(tokenizer, fim_rate, fim_spm_rate, self.seed)
             if self.index.get("literal_special_tokens") != SPECIALS_AS_TEXT:
                 raise CodeParrotError(f"{path} was pretokenized before special-token strings in files were kept as "
@@ -153,10 +150,6 @@ class PretokenizedDataset(ResumableIterableDataset):
         return perm[rank :: self.world_size][worker::workers].copy()
 
     def _start(self, reader: Reader, state: dict | None):
-        if self.fim is not None:
-            from codeparrot.training.datasets.pretokenized_fim import PretokenizedFimIterator
-
-            return PretokenizedFimIterator(self, reader.id, reader.count, state)
         return _PretokenizedIterator(self, reader.id, reader.count, state)
 
 
@@ -165,12 +158,13 @@ class _PretokenizedIterator:
         self.ds, self.reader_id, self.n_readers = ds, reader_id, n_readers
         mm = np.memmap(os.path.join(ds.path, TOKENS_NAME), dtype=np.dtype(ds.index["dtype"]), mode="r")
         self.tokens = np.asarray(mm)  # plain ndarray view of the map: slicing it skips memmap bookkeeping
+        self.eos = int(ds.index["eos_token_id"])
         self.epoch, self.pos = 0, 0
         if state is not None and state.get("started"):
             expected = {"reader_id": reader_id, "n_readers": n_readers, "n_tokens": ds.index["n_tokens"],
                         "seq_length": ds.seq_length, "seed": ds.seed, "shuffle": ds.shuffle}
             check_state_matches(state, expected, "data, seq_length, seed")
-            check_fim_matches(state, None)
+            check_fim_matches(state, ds.fim)
             self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self.indices = ds.order(self.epoch, reader_id, n_readers)
 
@@ -188,9 +182,13 @@ class _PretokenizedIterator:
             self.indices = self.ds.order(self.epoch, self.reader_id, self.n_readers)
         start = int(self.indices[self.pos]) * self.ds.seq_length
         self.pos += 1
-        return torch.from_numpy(self.tokens[start : start + self.ds.seq_length].astype(np.int64))
+        sequence = self.tokens[start : start + self.ds.seq_length]
+        if self.ds.fim is not None:
+            sequence = self.ds.fim.rearrange(self.ds.tokenizer, sequence[None], self.epoch, self.eos)[0]
+        return torch.from_numpy(sequence.astype(np.int64))
 
     def state_dict(self) -> dict:
         return {"kind": "pretokenized", "version": VERSION, "started": True, "epoch": self.epoch, "pos": self.pos,
                 "reader_id": self.reader_id, "n_readers": self.n_readers, "n_tokens": self.ds.index["n_tokens"],
-                "seq_length": self.ds.seq_length, "seed": self.ds.seed, "shuffle": self.ds.shuffle}
+                "seq_length": self.ds.seq_length, "seed": self.ds.seed, "shuffle": self.ds.shuffle,
+                **(self.ds.fim.describe() if self.ds.fim is not None else {})}

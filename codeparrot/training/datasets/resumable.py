@@ -16,6 +16,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.fim.transform import LEVEL
 
 
 class Reader(NamedTuple):
@@ -42,6 +43,9 @@ def check_fim_matches(state: dict, fim) -> None:
     be a different one."""
     saved = (state.get("fim_rate") or 0.0, state.get("fim_spm_rate") if state.get("fim_rate") else None)
     now = (fim.rate, fim.spm_rate) if fim is not None else (0.0, None)
+    if saved[0] and state.get("fim_level") != LEVEL:  # its buffers hold whole files rearranged before packing
+        raise CodeParrotError("data state was saved with document-level FIM (CodeParrot before context-level FIM): "
+                              "resume it with the version that saved it, or start over without --resume")
     if saved != now:
         def show(rates):
             return f"fim_rate {rates[0]:g}" + (f", fim_spm_rate {rates[1]:g}" if rates[1] is not None else "")

@@ -17,8 +17,8 @@ def texts(held_out_code):
 
 
 class WatchedTokenizer:
-    """The public tokenizer interface the datasets use (batch `__call__`, EOS, vocabulary) around a real
-    tokenizer. Remembers every text it tokenized (`seen`, to check which process tokenized what) and counts its
+    """The public tokenizer interface the datasets use (batch `__call__`, `decode` for FIM, EOS, vocabulary) around a
+    real tokenizer. Remembers every text it tokenized (`seen`, to check which process tokenized what) and counts its
     batch calls (`calls`); with `fail_after=n` the call after the n-th raises KeyboardInterrupt (a killed run,
     as far as the output is concerned)."""
 
@@ -33,6 +33,9 @@ class WatchedTokenizer:
 
     def get_vocab(self):
         return self.inner.get_vocab()
+
+    def decode(self, ids, **kwargs):
+        return self.inner.decode(ids, **kwargs)
 
     def __call__(self, texts, add_special_tokens=False, **kwargs):  # kwargs: split_special_tokens (plain text)
         if self.fail_after is not None and self.calls >= self.fail_after:
