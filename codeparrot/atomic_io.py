@@ -80,8 +80,9 @@ def _publish(tmp: Path, final: Path, replace: bool) -> Path | None:
 
     Replacing is one exchange of the two names (Linux `renameat2(RENAME_EXCHANGE)`): no moment without `final`, the
     old folder ends up at `tmp`'s name. Where the filesystem or system cannot exchange (NFS, macOS), two renames, the
-    old folder first moved aside: a crash between the two leaves it at `.NAME.old-PID`. Without `replace`, a rename
-    that fails where `final` exists (RENAME_NOREPLACE; elsewhere a check just before)."""
+    old folder first moved aside: a crash between the two leaves it at `.NAME.old-HOST-PID`, where the next run puts
+    it back (`remove_stale_temporaries`). Without `replace`, a rename that fails where `final` exists
+    (RENAME_NOREPLACE; elsewhere a check just before)."""
     if not replace:
         if not _renameat2(tmp, final, _RENAME_NOREPLACE):
             if final.exists():
@@ -93,7 +94,7 @@ def _publish(tmp: Path, final: Path, replace: bool) -> Path | None:
         return None
     if _renameat2(tmp, final, _RENAME_EXCHANGE):
         return tmp
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    old = final.parent / f"{_old_prefix(final)}{_owner()}"  # the host too: NFS is where this runs, shared
     os.rename(final, old)
     os.rename(tmp, final)
     return old
@@ -138,6 +139,10 @@ def _tmp_prefix(final: Path) -> str:
     return f".{final.name}.tmp-"
 
 
+def _old_prefix(final: Path) -> str:
+    return f".{final.name}.old-"
+
+
 def _owner() -> str:
     """Who makes a temporary folder: this machine and process (a shared filesystem may hold other machines')."""
     return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"
@@ -146,16 +151,32 @@ def _owner() -> str:
 def remove_stale_temporaries(final: Path) -> list[Path]:
     """Remove the temporary folders that runs killed without a chance to clean up (SIGKILL, the out-of-memory
     killer, a stall watchdog's exit) left next to `final`: those made on this machine by a process that no longer
-    runs. A preprocess spool in one can be tens of GB. Returns what was removed."""
-    host, _ = _owner().split("-", 1)
+    runs. A preprocess spool in one can be tens of GB. The same for a replaced `final` such a run left at
+    `.NAME.old-HOST-PID` (`_publish` without the exchange), except where `final` is missing (killed between the two
+    renames): that one is the last version published, and is renamed back to `final`. Returns what was removed."""
     removed = []
-    for candidate in final.parent.glob(f"{glob.escape(_tmp_prefix(final))}{glob.escape(host)}-*"):
-        pid = candidate.name[len(_tmp_prefix(final)) + len(host) + 1:].split("-", 1)[0]
-        if not pid.isdigit() or not candidate.is_dir() or _running(int(pid)):
-            continue
+    for old in _of_dead_owners(final, _old_prefix(final)):
+        if not os.path.lexists(final):
+            with contextlib.suppress(OSError):  # e.g. another run put back this one, or another, meanwhile
+                os.rename(old, final)
+        if old.is_dir() and os.path.lexists(final):  # never the only copy of the output
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    for candidate in _of_dead_owners(final, _tmp_prefix(final)):
         shutil.rmtree(candidate, ignore_errors=True)
         removed.append(candidate)
     return removed
+
+
+def _of_dead_owners(final: Path, prefix: str) -> list[Path]:
+    """The folders `PREFIX` + `HOST-PID` (+ anything) beside `final` of processes of this machine no longer running."""
+    host, _ = _owner().split("-", 1)
+    found = []
+    for candidate in sorted(final.parent.glob(f"{glob.escape(prefix)}{glob.escape(host)}-*")):
+        pid = candidate.name[len(prefix) + len(host) + 1:].split("-", 1)[0]
+        if pid.isdigit() and candidate.is_dir() and not _running(int(pid)):
+            found.append(candidate)
+    return found
 
 
 def _running(pid: int) -> bool:

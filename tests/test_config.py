@@ -188,6 +188,45 @@ def test_replacing_an_output_never_leaves_a_moment_without_it(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old folder removed, wherever it went
 
 
+def test_a_run_killed_while_replacing_by_two_renames_loses_no_output(tmp_path, monkeypatch):
+    """Without the exchange, a run killed between the two renames leaves no `out`, the last one published at
+    `.out.old-HOST-PID`: the next run puts it back. Killed after them, it leaves that old folder beside the new
+    `out`: the next run removes it, never a running process's or another machine's."""
+    import os
+    import subprocess
+    import sys
+
+    from codeparrot import atomic_io
+
+    class Killed(BaseException):
+        pass
+
+    def killed_after(src, dst):
+        real_rename(src, dst)
+        raise Killed  # right after `out` was moved aside
+
+    out, real_rename = tmp_path / "out", os.rename
+    with atomic_io.atomic_dir(out) as tmp:
+        (tmp / "v").write_text("published")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host, dead = atomic_io._owner().split("-", 1)[0], int(gone.stdout)
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(atomic_io, "_owner", lambda: f"{host}-{dead}")  # the killed run: gone when the next one starts
+        patch.setattr(atomic_io, "_renameat2", lambda a, b, flags: False)
+        patch.setattr(atomic_io.os, "rename", killed_after)
+        with atomic_io.atomic_dir(out) as tmp:
+            (tmp / "v").write_text("unpublished")
+    assert not out.exists() and (tmp_path / f".out.old-{host}-{dead}" / "v").read_text() == "published"
+    atomic_io.remove_stale_temporaries(out)
+    assert (out / "v").read_text() == "published" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    left = [tmp_path / f".out.old-{owner}" for owner in (f"{host}-{dead}", f"{host}-{os.getpid()}", f"other-{dead}")]
+    for folder in left:
+        folder.mkdir()
+    with atomic_io.atomic_dir(out) as tmp:
+        (tmp / "v").write_text("new")
+    assert (out / "v").read_text() == "new" and [folder.exists() for folder in left] == [False, True, True]
+
+
 @pytest.mark.parametrize("renameat2", ["offered", "not offered"])
 def test_an_output_made_only_if_nobody_made_it_first(tmp_path, monkeypatch, renameat2):
     """`replace=False` (a new repository): when another process published `out` meanwhile, theirs stays, this

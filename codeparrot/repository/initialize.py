@@ -4,12 +4,14 @@ One sequence for `scripts/initialize_model.py`, the demo, the toy run and the be
 repository (no second initial model on `main` unless forced), build the model, save weights + tokenizer +
 the resolved preset into a temporary folder, commit it to `main`. A local repository created here is removed
 again if the commit fails, so nothing is left half-made (an empty folder given as the repository is left empty).
-Where two processes create the same new local repository at once, one creates it and both commit to it (the
-second one's check for an initial model then sees the first's).
+Where two processes create (or initialize) the same local repository at once, one creates it and the check for an
+initial model and the commit happen under the repository's writer lock: the second one sees the first's commit and
+stops as if it had found it before it began.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import yaml
 from codeparrot.config import REQUIRED, doc, to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.local import LocalGitRepository
 from codeparrot.repository.model import (
     ModelConfig,
     build_model,
@@ -93,9 +96,12 @@ def initialize_model(cfg: ModelConfig, tokenizer, repo_ref: str, seed: int = 42,
         try:
             if repo is None:
                 repo = open_repository(repo_ref, create=True)
-                if not getattr(repo, "created", True):  # another process made it first: it may have committed
-                    check_no_initial_model(repo, repo_ref, force)
-            return repo.commit_folder(tmp, "main", INITIAL_MESSAGE)
+            # checked again with no other writer between the check and the commit: another process creating or
+            # initializing the same repository now commits first, and this one then stops here as if it had found
+            # the initial model before it began (the Hub has no such lock: only the window is made small)
+            with repo.locked() if isinstance(repo, LocalGitRepository) else contextlib.nullcontext():
+                check_no_initial_model(repo, repo_ref, force)
+                return repo.commit_folder(tmp, "main", INITIAL_MESSAGE)
         except BaseException:
             # nothing half-created: remove the repository this process made, unless another one committed to it
             if new_path is not None and getattr(repo, "created", False) and not _has_branches(repo):

@@ -27,13 +27,14 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
 from codeparrot.atomic_io import atomic_dir
 from codeparrot.errors import CodeParrotError
+from codeparrot.file_lock import exclusive_lock
 from codeparrot.repository.base import (
     BranchInfo,
     CheckpointRepository,
@@ -121,6 +122,7 @@ class LocalGitRepository(CheckpointRepository):
         if shutil.which("git") is None:
             raise CodeParrotError("git is not installed; local checkpoint repositories need it")
         self.created = False  # whether this object made the repository (not another process racing it)
+        self._writers, self._holding = threading.RLock(), False  # `locked`
         empty_dir = self.path.is_dir() and not any(self.path.iterdir())
         if not self.path.exists() or (create and empty_dir):
             if not create:
@@ -206,31 +208,22 @@ class LocalGitRepository(CheckpointRepository):
             (tmp / "description").write_text("CodeParrot checkpoints: one branch per experiment\n")
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Serialize writers (several training runs pushing to one repository) with an flock. The holder writes
-        who it is into the lock file; a writer that has to wait says for whom, on stderr, then waits."""
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: update-ref's compare-and-swap still refuses lost updates
-            yield
-            return
-        with open(self.git_dir / "codeparrot.lock", "a+", encoding="utf-8") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read(200).strip().splitlines()
-                print(f"waiting for the lock on {self.ref} held by {holder[0] if holder else 'another process'}",
-                      file=sys.stderr, flush=True)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                lock.seek(0)
-                lock.truncate()
-                lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
-                lock.flush()
+    def locked(self) -> Iterator[None]:
+        """The writers' lock (several runs pushing to one repository), held for the block: every write takes it, and
+        a caller takes it around a check and the commit the check allows (`initialize_model`), so that no other writer
+        commits in between. A waiting writer says for whom. Taken again by the same thread, it is already held."""
+        with self._writers:  # threads sharing this object queue here; a second flock of ours would wait for itself
+            if self._holding:
                 yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                return
+            lock = self.git_dir / "codeparrot.lock"
+            with exclusive_lock(lock, f"process {os.getpid()} on {socket.gethostname()}", lambda other: (
+                    f"waiting for the lock on {self.ref} held by {other or 'another process'}")):
+                self._holding = True
+                try:
+                    yield
+                finally:
+                    self._holding = False
 
     def _rev(self, revision: str) -> str | None:
         out = self._git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}", check=False).strip()
@@ -271,7 +264,7 @@ class LocalGitRepository(CheckpointRepository):
 
     def create_branch(self, branch: str, from_revision: str = "main") -> None:
         validate_branch_name(branch)
-        with self._locked():
+        with self.locked():
             if self._branch_tip(branch) is not None:
                 return
             base = self._branch_tip(from_revision) or self._rev(validate_revision(from_revision))
@@ -287,7 +280,7 @@ class LocalGitRepository(CheckpointRepository):
         if not message.strip():
             raise CodeParrotError("a commit needs a message")
         self._check_not_checked_out(branch)
-        with self._locked(), tempfile.TemporaryDirectory(prefix="codeparrot-index-") as tmp:
+        with self.locked(), tempfile.TemporaryDirectory(prefix="codeparrot-index-") as tmp:
             parent = old = self._branch_tip(branch)
             if parent is None and branch != "main":
                 parent = self._branch_tip("main")  # a new experiment branches off the main model
@@ -363,7 +356,7 @@ class LocalGitRepository(CheckpointRepository):
         subject = self._git("log", "-1", "--format=%s", source, "--").strip()
         title, body = promotion_message(revision, source, subject)
         message = f"{title}\n\n{body}\n"
-        with self._locked():
+        with self.locked():
             parent = self._branch_tip("main")
             self._check_not_checked_out("main")
             tree = self._git("rev-parse", f"{source}^{{tree}}").strip()  # same files, no copying

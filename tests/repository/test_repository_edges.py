@@ -499,6 +499,49 @@ def test_concurrent_creation_keeps_the_first_repository(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo.")]  # no temporary left behind
 
 
+def test_two_runs_initializing_one_new_repository_commit_one_initial_model(tmp_path, monkeypatch):
+    """Two runs of initialize_model.py on the same new repository at the same moment: one commits the initial
+    model, the other stops as if it had found it there (both used to commit one: the check for an initial model
+    was made outside the repository's lock, by both, before either committed)."""
+    from codeparrot.repository import initialize
+    from codeparrot.repository.model import ModelConfig
+
+    monkeypatch.setattr(initialize, "to_gpt2_config", lambda cfg, tokenizer: None)  # no model: only the race
+    monkeypatch.setattr(initialize, "build_model", lambda config, seed: None)
+    both_built, both_checked = threading.Barrier(2, timeout=30), threading.Barrier(2, timeout=1)
+
+    def save(model, folder, tokenizer):
+        (Path(folder) / "w.bin").write_text("weights")
+        both_built.wait()  # both found no repository; they race from here
+
+    def commit_folder(self, *args):
+        try:
+            both_checked.wait()  # the old order gets here twice; under the lock only one does, and waits 1 s
+        except threading.BrokenBarrierError:
+            pass
+        return real_commit(self, *args)
+
+    real_commit = LocalGitRepository.commit_folder
+    monkeypatch.setattr(initialize, "save_model_folder", save)
+    monkeypatch.setattr(LocalGitRepository, "commit_folder", commit_folder)
+    path, results = tmp_path / "repo", []
+
+    def run():
+        try:
+            results.append(initialize.initialize_model(ModelConfig(), None, str(path)))
+        except CodeParrotError as err:
+            results.append(str(err))
+
+    runs = [threading.Thread(target=run) for _ in range(2)]
+    for thread in runs:
+        thread.start()
+    for thread in runs:
+        thread.join(30)
+    initial = [c.commit_id for c in open_repository(str(path)).list_commits("main") if c.message == "initial model"]
+    assert len(initial) == 1 and sorted(results, key=len) == [initial[0], f"{path} already has an initial model on "
+                                                                          "main (--force adds another)"]
+
+
 # --- 9. branch names with Unicode separators --------------------------------------------------------------------
 
 

@@ -15,9 +15,7 @@ a second run (the same command started on every node) from writing the same outp
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import multiprocessing
 import os
 import shutil
@@ -33,6 +31,7 @@ from tqdm.auto import tqdm
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.data.records import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
+from codeparrot.file_lock import exclusive_lock
 from codeparrot.repository.datasets import open_dataset_repository, publish_pretokenized
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.config import PretokenizeConfig
@@ -125,51 +124,17 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 
-@contextlib.contextmanager
 def _exclusive(output_dir: Path):
-    """Hold an exclusive lock on `.NAME.lock` beside `output_dir` for the block, waiting (with one line naming the run
-    that holds it) where another run has it: two runs writing one output would interleave in its partial folder, and
-    the same command started on every node should end with every node using the one output the first one wrote.
-    The lock goes with the process however it ends; the file is removed at the end of the block (one left by a
-    killed run is merely reused)."""
+    """Hold `.NAME.lock` beside `output_dir` for the block (`exclusive_lock`, removed at the end): two runs writing one
+    output would interleave in its partial folder, and the same command started on every node should end with every
+    node using the one output the first one wrote. Without locks (some NFS mounts) the run goes on, with a note."""
     lock_path = output_dir.parent / f".{output_dir.name}.lock"
-    fd = _lock(lock_path, output_dir)
-    try:
-        yield
-    finally:
-        if fd is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock_path)  # while still locked: a run that opened this file sees that it is gone (`_lock`)
-            os.close(fd)
-
-
-def _lock(lock_path: Path, output_dir: Path) -> int | None:
-    """The descriptor of `lock_path`, exclusively locked and holding who locked it; None where the filesystem offers
-    no locks (some NFS mounts: the run goes on, with a note)."""
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process"
-            print(f"waiting for the pretokenize run writing {output_dir} ({holder}, holding {lock_path}): what it "
-                  "finishes is reused", file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as err:
-            os.close(fd)
-            print(f"note: cannot lock {lock_path} ({err.strerror}): make sure only one run writes {output_dir}",
-                  file=sys.stderr)
-            return None
-        try:
-            mine = os.fstat(fd)
-            current = os.stat(lock_path)
-            if (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}\n".encode(), 0)
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # locked a file the previous holder removed as it finished: lock the current one
+    return exclusive_lock(
+        lock_path, f"host {socket.gethostname()}, pid {os.getpid()}", remove=True,
+        waiting=lambda holder: (f"waiting for the pretokenize run writing {output_dir} ({holder or 'a process'}, "
+                                f"holding {lock_path}): what it finishes is reused"),
+        unsupported=lambda err: print(f"note: cannot lock {lock_path} ({err.strerror}): make sure only one run "
+                                      f"writes {output_dir}", file=sys.stderr))
 
 
 def _cannot_write(err: OSError, path: Path, partial: Path) -> CodeParrotError:

@@ -1,0 +1,65 @@
+"""One writer at a time: an exclusive `flock` on a lock file whose holder writes who it is into it.
+
+Why flock: the kernel releases it however the holder ends (exit, exception, SIGKILL, the out-of-memory killer), so
+a lock file a dead process left behind never blocks anyone; it is merely reused. Why the holder's identity: a
+process that has to wait says for whom (a host and a pid), once, before it blocks, instead of hanging silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (the callers' other guards, e.g. git's compare-and-swap, remain)
+    fcntl = None
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, holder: str, waiting: Callable[[str], str], remove: bool = False,
+                   unsupported: Callable[[OSError], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing) for the block, `holder` written into it. Where another
+    process holds it, print `waiting(its holder line, "" if none)` on stderr, then wait. `remove`: unlink the file at
+    the end, while still locked (a waiter then sees that it locked a removed file, and locks the new one). An
+    OSError taking the lock (a filesystem without locks: some NFS mounts) is raised, or given to `unsupported` and
+    the block runs unlocked."""
+    try:
+        fd = _acquire(path, holder, waiting) if fcntl else None
+    except OSError as err:
+        if unsupported is None:
+            raise
+        unsupported(err)
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            if remove:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            os.close(fd)  # releases the lock
+
+
+def _acquire(path: str | os.PathLike, holder: str, waiting: Callable[[str], str]) -> int:
+    """The descriptor of `path`, exclusively locked, holding `holder`."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+                print(waiting(text.splitlines()[0] if text else ""), file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):  # not the file there now: its holder removed it as it ended
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{holder}\n".encode(), 0)
+                    return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
