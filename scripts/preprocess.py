@@ -18,7 +18,7 @@ import sys
 
 from codeparrot.data.preprocess import preprocess
 from codeparrot.data.preprocess_config import parse_preprocess_config
-from codeparrot.data.preprocess_stats import format_summary
+from codeparrot.data.preprocess_stats import format_summary, printable
 from codeparrot.errors import run_cli
 
 
@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_summary(stats))
     for warning in stats["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"wrote {cfg.output_dir}/train ({stats['kept_train']} files), {cfg.output_dir}/valid "
-          f"({stats['kept_valid']} files), stats.json" + (", duplicate_clusters.json" if cfg.near_dedup else ""))
+    clusters = ", duplicate_clusters.json" if cfg.near_dedup else ""
+    print(printable(f"wrote {cfg.output_dir}/train ({stats['kept_train']} files), {cfg.output_dir}/valid "
+                    f"({stats['kept_valid']} files), stats.json{clusters}"))
     return 0
 
 

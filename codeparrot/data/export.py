@@ -10,9 +10,10 @@ pipeline that reads this export reads the real one. Values:
 - `copies` "1", `license` "unknown", `size` the file's size in bytes, `content` its text.
 
 Selection as the BigQuery query: files ending in `.py` with 1,024 <= size < 1,048,576 bytes. Files that
-cannot be read or are not UTF-8 are skipped and counted; symbolic links, hidden folders (.git, .venv) and
-`site-packages`/`dist-packages` folders below a tree's root (third-party code inside an interpreter's lib
-folder) are not followed. Order is deterministic: folders are walked in sorted order.
+cannot be read, are not UTF-8 or whose name (or repository folder's name) is not UTF-8 are skipped and counted;
+symbolic links, hidden folders (.git, .venv) and `site-packages`/`dist-packages` folders below a tree's root
+(third-party code inside an interpreter's lib folder) are not followed. Order is deterministic: folders are
+walked in sorted order.
 
 With no source tree given, the running interpreter's standard library is exported (about 1,450 files on
 CPython 3.11): the project's embedded default corpus.
@@ -158,7 +159,12 @@ def _write_files(files: list[SourceFile], writer: ShardWriter, stats: ExportStat
             continue
         record = {"repo_name": source.repo_name, "path": source.path, "copies": "1", "size": str(len(data)),
                   "content": content, "license": "unknown"}
-        writer.write_line(json.dumps(record, ensure_ascii=False).encode("utf-8"))
+        try:
+            line = json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a folder or file name that is not UTF-8 (its bytes are surrogates in a str)
+            stats.skip("name not UTF-8")
+            continue
+        writer.write_line(line)
         stats.files_written += 1
         stats.bytes_written += len(data)
         if stats.files_written % 256 == 0:

@@ -140,7 +140,14 @@ def format_summary(stats: dict[str, Any]) -> str:
                      f"{'' if mbs is None else f'{mbs:.1f}':>8}")
     lines.append("  (stages in CPU seconds, files/s per core; filters, decontaminate and minhash summed over workers; "
                  "pass1, pass2, total wall-clock)")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
+
+
+def printable(text: str) -> str:
+    """`text` writable to any UTF-8 stream: a path whose name is not UTF-8 (its bytes are lone surrogates in a Python
+    str, e.g. a bad record's input file or --output-dir) is shown with \\udcXX escapes instead of failing the print
+    after the run."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def write_clusters(path: Path, clusters: dict) -> None:
@@ -148,5 +155,11 @@ def write_clusters(path: Path, clusters: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps({k: v for k, v in clusters.items() if k != "clusters"})[:-1] + ', "clusters": [')
         for i, cluster in enumerate(clusters["clusters"]):
-            f.write(("\n  " if i == 0 else ",\n  ") + json.dumps(cluster, ensure_ascii=False))
+            line = json.dumps(cluster, ensure_ascii=False)
+            if not line.isascii():
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError:  # an input file name that is not UTF-8: written as \udcXX escapes
+                    line = json.dumps(cluster)
+            f.write(("\n  " if i == 0 else ",\n  ") + line)
         f.write("\n]}\n")

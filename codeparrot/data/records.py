@@ -16,7 +16,7 @@ Which files (`resolve_data_files`): each spec is a file, a folder or a glob, in 
   it is a one-line error asking for one split; one found inside a folder (`stats.json` beside a split folder)
   is a one-line error too.
 A file named twice (say by a folder and a glob) is read once. Missing paths, globs or folders without data
-files, and unreadable files are one-line `CodeParrotError`s naming the path.
+files, and unreadable files or folders are one-line `CodeParrotError`s naming the path.
 
 Lines (`iter_record_lines`, the one line iterator): a damaged file raises `DamagedFile` (a `CodeParrotError`
 with a reason) after the lines before the damage. What a line holds (`parse_record_line`): one JSON object
@@ -30,7 +30,11 @@ each reason so the user can look at an example. The reasons:
 - `not a JSON object`: the line parses but is a list, number or string
 - `missing text column`: no `content` (or `--text-column`) key
 - `non-string text`: the text column is null, a number, a list, ...
-- `invalid UTF-8`: the line's bytes are not UTF-8, or the text holds an unpaired surrogate (`"\\ud800"`)
+- `invalid UTF-8`: the line's bytes are not UTF-8, or the text holds an unpaired surrogate (`"\\ud800"`); when
+  counting (preprocess, the tokenizer), also any other field holding one (`"path": "\\udce9"`): preprocess copies
+  the line to its output, and `datasets` and every strict UTF-8 writer refuse it
+- `duplicate key`: when counting, an object with a key twice (`{"content": "a", "content": "b"}`): readers
+  disagree on which value counts, and `datasets` refuses the line (the training stream takes the last one)
 - `NUL bytes`: a raw NUL byte in the line or `\\u0000` in the text (binary files that slipped in)
 - `empty file`: an input file without a single record
 - `truncated gzip` / `corrupt gzip`: the compressed stream ends early or is damaged; the rest of the file
@@ -63,17 +67,22 @@ def is_data_file(path: Path) -> bool:
     return path.name.endswith(DATA_SUFFIXES) and (path.is_file() or path.is_fifo())
 
 
+def _unreadable_folder(err: OSError) -> None:
+    raise CodeParrotError(f"input folder is not readable: {err.filename} ({err.strerror or err})")
+
+
 def _files_under(folder: Path) -> list[Path]:
     """Data files below `folder` (recursively), sorted; hidden files and folders are skipped. A preprocess output
     root below it is an error, as `folder` itself would be: read whole it mixes its splits and its `stats.json`
     (an `--output-dir` inside an input folder would be read back by the next run)."""
     found = []
-    for root, dirs, files in os.walk(folder):  # as before: links to folders are not followed
+    # A folder that cannot be listed is a one-line error, never a silent hole in the input (os.walk skips it).
+    for root, dirs, files in os.walk(folder, onerror=_unreadable_folder):  # links to folders are not followed
         here = Path(root)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in dirs:
             nested = here / name
-            if (nested / "stats.json").is_file() and split_folders(nested):
+            if os.path.isfile(nested / "stats.json") and split_folders(nested):
                 raise CodeParrotError(f"{folder} holds a preprocess output, {nested}: pass its "
                                       f"{' or '.join(split_folders(nested))} folder on its own, or move it out")
         found += [here / f for f in files if not f.startswith(".") and is_data_file(here / f)]
@@ -83,7 +92,7 @@ def _files_under(folder: Path) -> list[Path]:
 def split_folders(folder: str | os.PathLike) -> dict[str, Path]:
     """{split: folder} of the `train/` and `valid/` subfolders of a preprocess output root (empty otherwise)."""
     folder = Path(folder)
-    return {name: folder / name for name in SPLITS if (folder / name).is_dir()}
+    return {name: folder / name for name in SPLITS if os.path.isdir(folder / name)}  # False where unreadable
 
 
 def split_files_for(spec: str | os.PathLike, split: str) -> list[Path] | None:
@@ -199,19 +208,53 @@ def iter_record_lines(path: str | os.PathLike, start_line: int = 0) -> Iterator[
 # --- parsing one line -----------------------------------------------------------------------------------------
 class BadRecord(Exception):
     """A line that is not a usable record. `reason` is one of: NUL bytes, invalid UTF-8, malformed JSON, not a
-    JSON object, missing text column, non-string text; `detail` says where or what (may be empty)."""
+    JSON object, missing text column, non-string text, duplicate key; `detail` says where or what (may be empty)."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason} ({detail})" if detail else reason)
         self.reason, self.detail = reason, detail
 
 
-def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = False) -> tuple[dict[str, Any], str]:
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`object_pairs_hook` of the checked parser: a dict, or `_DuplicateKey` naming the first key seen twice."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return record
+
+
+_CHECKED_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
+def _field_with_surrogate(record: dict[str, Any], skip: str) -> str | None:
+    """The first key (other than `skip`) whose name or value holds an unpaired surrogate, or None. Cheap for the
+    export's flat records: `str.isascii` is O(1), and only non-ASCII strings and nested values are encoded."""
+    for key, value in record.items():
+        if key == skip or (key.isascii() and (value is None or isinstance(value, (bool, int, float))
+                                              or (isinstance(value, str) and value.isascii()))):
+            continue
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return key
+    return None
+
+
+def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = False,
+                      check_fields: bool = False) -> tuple[dict[str, Any], str]:
     """(record, text) of one JSON line (a leading byte order mark and the line break are ignored), or `BadRecord`.
 
     A text must be encodable as UTF-8 (an escaped lone surrogate such as `"\\ud800"` is not: no tokenizer or
     writer takes it). `reject_nul_text`: also refuse texts holding U+0000 (binary files; preprocess drops them,
-    the training stream keeps what it is given). A raw NUL byte is never valid JSON and is always refused."""
+    the training stream keeps what it is given). A raw NUL byte is never valid JSON and is always refused.
+    `check_fields`: the line is copied to an output that other tools read (preprocess), so every field must be
+    unambiguous and writable too: a key twice in one object (`duplicate key`) or a lone surrogate in any field
+    (`invalid UTF-8`) is refused; `datasets.load_dataset("json")` fails on a shard holding either."""
     if b"\x00" in line:
         raise BadRecord("NUL bytes")
     if line.startswith(UTF8_BOM):
@@ -221,9 +264,11 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
     except UnicodeDecodeError as err:
         raise BadRecord("invalid UTF-8", f"byte {err.start}") from None
     try:
-        record = json.loads(decoded)
+        record = _CHECKED_DECODER.decode(decoded) if check_fields else json.loads(decoded)
     except json.JSONDecodeError as err:
         raise BadRecord("malformed JSON", f"{err.msg}: column {err.colno}") from None
+    except _DuplicateKey as err:
+        raise BadRecord("duplicate key", f"{ascii(err.args[0])} twice in one object") from None
     except ValueError as err:  # valid JSON Python will not parse: an integer past its 4,300-digit limit
         raise BadRecord("malformed JSON", str(err).split(";")[0]) from None
     except RecursionError:  # valid JSON nested deeper than the parser's recursion limit
@@ -231,7 +276,8 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object", type(record).__name__)
     if text_column not in record:
-        fields = sorted(map(str, record))
+        # a name with a line break, an escape sequence or a lone surrogate is shown escaped: the message stays one line
+        fields = sorted(k if k.isprintable() else ascii(k) for k in record)
         shown = ", ".join(fields[:8]) + (f", ... ({len(fields)} in all)" if len(fields) > 8 else "")
         raise BadRecord("missing text column", f"no {text_column!r} key; fields: {shown or 'none'}")
     text = record[text_column]
@@ -244,6 +290,8 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
             text.encode("utf-8")
         except UnicodeEncodeError as err:
             raise BadRecord("invalid UTF-8", f"unpaired surrogate at character {err.start}") from None
+    if check_fields and (key := _field_with_surrogate(record, text_column)) is not None:
+        raise BadRecord("invalid UTF-8", f"unpaired surrogate in field {ascii(key)}")
     return record, text
 
 
@@ -313,7 +361,7 @@ def parse_line(line: bytes, where: Location, text_column: str, bad: BadRecords) 
     """(record, text) of one JSON line, or None after counting it in `bad` under its reason (texts with NUL
     characters included: they are binary files)."""
     try:
-        return parse_record_line(line, text_column, reject_nul_text=True)
+        return parse_record_line(line, text_column, reject_nul_text=True, check_fields=True)
     except BadRecord as err:
         bad.add(err.reason, where, err.detail)
         return None

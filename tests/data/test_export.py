@@ -71,6 +71,18 @@ def test_export_shards_and_repo_per_subfolder(tree, tmp_path):
                                                             ("pkg", "sub/a.py"), ("pkg", "sub/b.py")]
 
 
+def test_export_skips_and_counts_a_file_name_that_is_not_utf8(tree, tmp_path):
+    """Linux file names are bytes; one that is not UTF-8 reaches Python as lone surrogates, which no UTF-8 JSON
+    line can hold: skipped and counted, not a traceback after the walk."""
+    try:
+        (tree / "pkg" / os.fsdecode(b"caf\xe9.py")).write_bytes(_code(2000))
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system does not take non-UTF-8 file names")
+    stats = export_local([tree], tmp_path / "raw", progress=False)
+    assert stats.files_written == 4 and stats.skipped["name not UTF-8"] == 1
+    assert [r["path"] for r in _read(tmp_path / "raw")] == ["setup.py", "pkg/big.py", "pkg/sub/a.py", "pkg/sub/b.py"]
+
+
 def test_export_is_deterministic(tree, tmp_path):
     export_local([tree], tmp_path / "one", progress=False)
     export_local([tree], tmp_path / "two", progress=False)

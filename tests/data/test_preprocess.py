@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sysconfig
@@ -185,6 +186,38 @@ def test_strict_fails_on_the_first_bad_record_and_leaves_no_output(tmp_path, rep
                                                   "starting at: column 13): malformed JSON (--strict stops at the "
                                                   "first bad record)"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # neither the output nor its temporary folder
+
+
+def test_file_names_that_are_not_utf8_reach_the_clusters_file_and_the_printed_summary(tmp_path, load_script,
+                                                                                      monkeypatch):
+    """An input or output named with non-UTF-8 bytes (a str with lone surrogates in Python) is written to
+    duplicate_clusters.json and printed in the summary with \\udcXX escapes, on a strict UTF-8 stdout (any UTF-8
+    locale but C), instead of a traceback after the output was published."""
+    import io
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    text = "a " * 20
+    try:
+        src = _write_jsonl(folder / os.fsdecode(b"caf\xe9.jsonl"), [{"content": text}, {"content": text * 2}, b"[1]"])
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system does not take non-UTF-8 file names")
+    out = tmp_path / os.fsdecode(b"clean\xe9")
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    monkeypatch.setattr("sys.stdout", stdout)
+    off = [f"--no-{f.name.replace('_', '-')}" for f in dataclasses.fields(FilterConfig) if f.type in (bool, "bool")]
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert load_script("preprocess").main(["--input", str(folder), "--output-dir", str(out), "--near-dedup",
+                                               "--num-workers", "0", "--no-decontaminate", "--valid-fraction", "0",
+                                               "--no-progress", *off]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    members = json.loads((out / "duplicate_clusters.json").read_text(encoding="utf-8"))["clusters"][0]
+    assert [m["input"] for m in members] == [f"{src}:1", f"{src}:2"]
+    stdout.flush()
+    printed = stdout.buffer.getvalue().decode("utf-8")
+    assert "caf\\udce9.jsonl:3" in printed and "wrote " + str(tmp_path) + "/clean\\udce9/train (1 files)" in printed
 
 
 @pytest.mark.parametrize("case", ["missing input", "no records", "unwritable output", "foreign output dir"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,22 @@ def test_unreadable_file_is_named(tmp_path):
     (tmp_path / "a.jsonl").chmod(0)
     with pytest.raises(CodeParrotError, match="not readable: .*a.jsonl"):
         resolve_data_files(str(tmp_path))
+
+
+def test_a_folder_that_cannot_be_listed_is_named_not_skipped(tmp_path, monkeypatch):
+    """os.walk skips a folder it cannot list: its files would silently be missing from the run (and, not as root,
+    the preprocess-output check beside it raised a PermissionError traceback). Simulated for root, who lists all."""
+    _touch(tmp_path, "in/a/x.jsonl", "in/locked/y.jsonl")
+    locked, scandir = tmp_path / "in" / "locked", os.scandir
+
+    def refusing_scandir(path="."):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing_scandir)
+    with pytest.raises(CodeParrotError, match=re.escape(f"input folder is not readable: {locked} (Permission denied)")):
+        resolve_data_files(tmp_path / "in")
 
 
 def test_preprocess_root_stands_for_one_split_never_both(tmp_path):

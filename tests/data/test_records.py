@@ -126,3 +126,39 @@ def test_shard_writer_splits_names_and_is_byte_deterministic(tmp_path):
 def test_shard_writer_writes_nothing_for_no_rows(tmp_path):
     assert ShardWriter(tmp_path / "none").close() == []
     assert not (tmp_path / "none").exists()
+
+
+def test_duplicate_keys_and_lone_surrogates_in_any_field_are_bad_records_where_lines_are_copied(tmp_path):
+    """Preprocess copies each line to its output byte for byte: a key twice (which value is the text?) or a lone
+    surrogate escape in any field (not only the text) makes `datasets.load_dataset("json")` refuse the whole shard,
+    and a strict UTF-8 writer (duplicate_clusters.json) crash. Both are counted; a valid surrogate pair, an escaped
+    backslash and a nested object with distinct keys stay. The training stream's parser keeps taking the last value."""
+    from codeparrot.data.records import parse_record_line
+
+    lines = [
+        '{"content": "x = 1\\n", "content": "y = 2\\n"}',  # line 1: the text twice
+        '{"content": "x = 3\\n", "meta": {"stars": 1, "stars": 2}}',  # line 2: a nested key twice
+        '{"content": "x = 4\\n", "path": "caf\\udce9.py"}',  # line 3: a lone surrogate outside the text
+        '{"content": "x = 5\\n", "\\ud800": 1}',  # line 4: ... in a key
+        '{"content": "x = 6 \\ud83d\\ude00\\n", "path": "\\\\ud800.py", "meta": {"a": 1, "b": {"a": 2}}}',  # fine
+    ]
+    src = _jsonl(tmp_path / "a.jsonl", lines)
+    bad = BadRecords()
+    kept = list(iter_raw_records([src], bad=bad))
+    assert [text for _, _, text, _ in kept] == ["x = 6 \U0001F600\n"]
+    assert bad.counts == {"duplicate key": 2, "invalid UTF-8": 2}
+    assert bad.first["duplicate key"] == f"{src}:1 ('content' twice in one object)"
+    assert bad.first["invalid UTF-8"] == f"{src}:3 (unpaired surrogate in field 'path')"
+    assert parse_record_line(lines[0].encode(), "content")[1] == "y = 2\n"  # the training stream: unchanged
+
+
+def test_a_missing_text_column_message_stays_one_line_whatever_the_keys_hold(tmp_path):
+    """The detail lists the record's keys; one holding a line break, an escape sequence or a lone surrogate is shown
+    escaped, so --strict's error is still one line naming file:line (and printable on a strict UTF-8 terminal)."""
+    src = _jsonl(tmp_path / "a.jsonl", ['{"a\\nb": 1, "\\u001b[2J": 2, "\\udce9": 3, "path": "p", "caf\\u00e9": 4}'])
+    with pytest.raises(CodeParrotError) as err:
+        list(iter_records([src], strict=True))
+    message = str(err.value)
+    assert message == (f"{src}:1 (no 'content' key; fields: '\\udce9', '\\x1b[2J', 'a\\nb', café, path): "
+                       "missing text column (--strict stops at the first bad record)")
+    message.encode("utf-8")
