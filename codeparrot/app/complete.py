@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.workspace import Workspace, guarded
@@ -20,6 +20,7 @@ from codeparrot.repository.model import model_context
 
 EXAMPLE_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 _GENERATION_LOCK = threading.Lock()  # torch's global RNG: a seeded request must not interleave with another
+T = TypeVar("T")
 
 
 def fit_to_context(model, tokenizer, prompt: str, max_new_tokens: int) -> int:
@@ -30,6 +31,25 @@ def fit_to_context(model, tokenizer, prompt: str, max_new_tokens: int) -> int:
         raise CodeParrotError(f"the prompt fills the model's whole context of {model_context(model)} tokens; "
                               f"shorten it")
     return max(1, min(max_new_tokens, room))
+
+
+def exclusively(generate: Callable[[], T]) -> T:
+    """`generate()` under the generation lock. Every generation of the app (streamed or not, any tab) goes
+    through here: Gradio runs different events at the same time, and `generate_completions` seeds torch's
+    global RNG, so a seeded generation beside another one would not be reproducible."""
+    with _GENERATION_LOCK:
+        return generate()
+
+
+def whole_max_new_tokens(max_new_tokens: float | None) -> int:
+    """The max-new-tokens field as an int, or a one-line error when it is not a whole number."""
+    try:
+        whole = max_new_tokens is not None and float(max_new_tokens).is_integer()  # False for nan and inf
+    except (TypeError, ValueError):
+        whole = False
+    if not whole:
+        raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
+    return int(max_new_tokens)
 
 
 def seed_or_none(seed: float | None) -> int | None:
@@ -48,8 +68,7 @@ def stream_generation(tokenizer, generate: Callable[[CompletionStreamer], list],
 
     def run() -> None:
         try:
-            with _GENERATION_LOCK:
-                outcome["completions"] = generate(streamer)
+            outcome["completions"] = exclusively(lambda: generate(streamer))
         except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
             outcome["error"] = err
         finally:
@@ -83,10 +102,9 @@ def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, 
     if prompt is None or not prompt.strip():
         raise CodeParrotError("the prompt is empty; type the start of a function to complete")
     ws.check_text(prompt, "prompt")
-    if max_new_tokens is None or int(max_new_tokens) != max_new_tokens:
-        raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
+    max_new_tokens = whole_max_new_tokens(max_new_tokens)
     model, tokenizer, label = ws.model(branch, checkpoint)
-    max_new_tokens = fit_to_context(model, tokenizer, prompt, int(max_new_tokens))
+    max_new_tokens = fit_to_context(model, tokenizer, prompt, max_new_tokens)
     start = time.perf_counter()
     text = prompt
     for piece, completions in stream_generation(

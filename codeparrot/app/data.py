@@ -7,10 +7,8 @@ by `codeparrot.tools.plots.plot_filter_stats` (the same chart as `scripts/plot.p
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
-from codeparrot.app.workspace import Workspace, guarded
+from codeparrot.app.workspace import CHARTS, Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.tools.plots import plot_filter_stats
 
@@ -25,7 +23,7 @@ def data_summary(ws: Workspace) -> tuple[str | None, list[list], str]:
     stats_path = ws.data_dir / "stats.json"
     if not stats_path.is_file():
         raise CodeParrotError(f"{stats_path} not found: --data-dir must be a preprocess output folder")
-    png = plot_filter_stats(stats_path, Path(tempfile.mkdtemp(prefix="codeparrot-app-")) / "filters.png")
+    png = plot_filter_stats(stats_path, CHARTS.new("filters.png"))
     stats = json.loads(stats_path.read_text(encoding="utf-8"))
     total = stats.get("input_records") or 0
 

@@ -7,14 +7,11 @@ completed by two checkpoints) and `/promote` (a checkpoint becomes `main`; refus
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from codeparrot.app.access import MAX_EVAL_STEPS
-from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context
+from codeparrot.app.complete import EXAMPLE_PROMPT, exclusively, fit_to_context, whole_max_new_tokens
 from codeparrot.app.losses import computed_losses, logged_losses
 from codeparrot.app.pickers import branch_names, revision_picker
-from codeparrot.app.workspace import Workspace, guarded
+from codeparrot.app.workspace import CHARTS, Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.inference.completion import generate_completions
 from codeparrot.tools.plots import plot_losses
@@ -47,7 +44,7 @@ def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | 
     points, missing, measured = [], [], []
     for branch in branches:
         if dataset and dataset.strip():
-            branch_points, measured_on = computed_losses(ws, branch, dataset.strip(), int(max_eval_steps),
+            branch_points, measured_on = computed_losses(ws, branch, dataset.strip(), max_eval_steps,
                                                          lambda f, what: progress(f, desc=what))
         else:
             try:
@@ -61,7 +58,7 @@ def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | 
         measured.append(f"{branch}: {measured_on}" if len(branches) > 1 else measured_on)
     if not points:
         raise CodeParrotError(f"no validation losses found for {', '.join(branches)}: " + "; ".join(missing))
-    png = Path(tempfile.mkdtemp(prefix="codeparrot-app-")) / "losses.png"
+    png = CHARTS.new("losses.png")
     source = f"on {dataset.strip()}" if dataset and dataset.strip() else "as pushed/logged by the runs"
     measured_on = "; ".join(m for m in measured if m)
     plot_losses(points, png, f"validation loss {source}", measured_on=measured_on)
@@ -76,12 +73,15 @@ def compare(ws: Workspace, prompt: str, branch_a: str, ckpt_a: str, branch_b: st
     if prompt is None or not prompt.strip():
         raise CodeParrotError("the prompt is empty; type the start of a function to complete")
     ws.check_text(prompt, "prompt")
+    max_new_tokens = whole_max_new_tokens(max_new_tokens)
+    if seed is None or not float(seed).is_integer():
+        raise CodeParrotError(f"the seed must be a whole number (both checkpoints sample with it), got {seed}")
     outs, labels = [], []
     for branch, ckpt in ((branch_a, ckpt_a), (branch_b, ckpt_b)):
         model, tokenizer, label = ws.model(branch, ckpt)
-        fitted = fit_to_context(model, tokenizer, prompt, int(max_new_tokens))
-        done = generate_completions(model, tokenizer, prompt, max_new_tokens=fitted,
-                                    temperature=float(temperature), seed=int(seed))[0]
+        fitted = fit_to_context(model, tokenizer, prompt, max_new_tokens)
+        done = exclusively(lambda: generate_completions(model, tokenizer, prompt, max_new_tokens=fitted,
+                                                        temperature=float(temperature), seed=int(seed)))[0]
         outs.append(prompt + done.text)
         labels.append(f"{label}: {done.num_tokens} tokens, ended by {done.stop_reason}")
     return outs[0], outs[1], " · ".join(labels)

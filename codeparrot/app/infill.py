@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from codeparrot.app.complete import sampling_controls, seed_or_none, stream_generation
+from codeparrot.app.complete import sampling_controls, seed_or_none, stream_generation, whole_max_new_tokens
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.workspace import Workspace, guarded
 from codeparrot.errors import CodeParrotError
@@ -26,13 +26,11 @@ WHAT = "infilling"
 
 
 def _check_input(ws: Workspace, before: str | None, after: str | None) -> tuple[str, str]:
-    before, after = before or "", after or ""
+    # Each side is bounded even when blank: the model reads it all (nothing is stripped).
+    before = ws.check_size(before, "code before the cursor")
+    after = ws.check_size(after, "code after the cursor")
     if not (before + after).strip():
         raise CodeParrotError("the code before and after the cursor is empty; type or paste some code first")
-    if before.strip():
-        ws.check_text(before, "code before the cursor")
-    if after.strip():
-        ws.check_text(after, "code after the cursor")
     return before, after
 
 
@@ -40,14 +38,13 @@ def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoin
                   top_p: float, max_new_tokens: float, seed: float | None):
     """Yield (before + middle so far + after, middle so far, status line) until the middle is final."""
     before, after = _check_input(ws, before, after)
-    if max_new_tokens is None or int(max_new_tokens) != max_new_tokens:
-        raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
+    max_new_tokens = whole_max_new_tokens(max_new_tokens)
     model, tokenizer, label = ws.model(branch, checkpoint)
     room = model_context(model) - len(fim_prompt_ids(tokenizer, before, after, WHAT))  # FIM tokens checked here
     if room < 1:
         raise CodeParrotError(f"the code before and after the cursor fills the model's whole context of "
                               f"{model_context(model)} tokens; shorten it")
-    max_new = max(1, min(int(max_new_tokens), room))
+    max_new = max(1, min(max_new_tokens, room))
     stop_strings, stop_ids = infill_stops(tokenizer, WHAT)
     start = time.perf_counter()
     middle = ""

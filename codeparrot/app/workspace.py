@@ -6,9 +6,14 @@ A request never raises into Gradio: `CodeParrotError` becomes its own message, a
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
 import logging
+import shutil
+import tempfile
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,10 +58,44 @@ class Workspace:
         """Non-empty text within the size limit, else a one-line error naming `what`."""
         if text is None or not text.strip():
             raise CodeParrotError(f"the {what} is empty; type or paste some code first")
+        return self.check_size(text, what)
+
+    def check_size(self, text: str | None, what: str) -> str:
+        """Text (empty or blank too) within the size limit, else a one-line error naming `what`."""
+        text = text or ""
         size = len(text.encode("utf-8", errors="surrogatepass"))
         if size > self.max_upload_bytes:
             raise CodeParrotError(f"the {what} is {size:,} bytes, over the limit of {self.max_upload_bytes:,} bytes")
         return text
+
+
+class ChartFiles:
+    """Fresh paths for the charts the page shows (`new(name)`), all in one folder of this process that is removed
+    when it exits. Gradio copies a returned file into its own cache as the request ends, so only the newest
+    `keep` are kept: a long-running app does not leave a file per page load behind in the temp folder."""
+
+    def __init__(self, keep: int = 32):
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._root: Path | None = None
+        self._made: deque[Path] = deque()
+        self._count = 0
+
+    def new(self, name: str) -> Path:
+        with self._lock:
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="codeparrot-app-"))
+                atexit.register(shutil.rmtree, self._root, True)
+            self._count += 1
+            folder = self._root / f"{self._count:08d}"  # the file keeps its own name (the page's download name)
+            folder.mkdir()
+            self._made.append(folder)
+            while len(self._made) > self.keep:
+                shutil.rmtree(self._made.popleft(), ignore_errors=True)
+            return folder / name
+
+
+CHARTS = ChartFiles()
 
 
 def error_line(err: BaseException) -> str:
