@@ -8,6 +8,7 @@ process that has to wait says for whom (a host and a pid), once, before it block
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from typing import Callable, Iterator
@@ -16,6 +17,10 @@ try:
     import fcntl
 except ImportError:  # not POSIX: no lock (the callers' other guards, e.g. git's compare-and-swap, remain)
     fcntl = None
+
+
+# What flock raises where the filesystem offers no locks (NFS without its lock daemon, some FUSE mounts).
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Iterator
 
 from codeparrot.atomic_io import atomic_dir
 from codeparrot.errors import CodeParrotError
-from codeparrot.file_lock import exclusive_lock
+from codeparrot.file_lock import NO_LOCKS, exclusive_lock
 from codeparrot.repository.base import (
     BranchInfo,
     CheckpointRepository,
@@ -122,7 +123,7 @@ class LocalGitRepository(CheckpointRepository):
         if shutil.which("git") is None:
             raise CodeParrotError("git is not installed; local checkpoint repositories need it")
         self.created = False  # whether this object made the repository (not another process racing it)
-        self._writers, self._holding = threading.RLock(), False  # `locked`
+        self._writers, self._holding, self._warned_no_locks = threading.RLock(), False, False  # `locked`
         empty_dir = self.path.is_dir() and not any(self.path.iterdir())
         if not self.path.exists() or (create and empty_dir):
             if not create:
@@ -218,12 +219,24 @@ class LocalGitRepository(CheckpointRepository):
                 return
             lock = self.git_dir / "codeparrot.lock"
             with exclusive_lock(lock, f"process {os.getpid()} on {socket.gethostname()}", lambda other: (
-                    f"waiting for the lock on {self.ref} held by {other or 'another process'}")):
+                    f"waiting for the lock on {self.ref} held by {other or 'another process'}"),
+                    unsupported=lambda err: self._without_lock(lock, err)):
                 self._holding = True
                 try:
                     yield
                 finally:
                     self._holding = False
+
+    def _without_lock(self, lock: Path, err: OSError) -> None:
+        """A filesystem without locks (NFS without its lock daemon): the writes go on, since git's compare-and-swap
+        of the branch (`update-ref` with the old value) still refuses a lost update; said once per repository.
+        Any other failure to lock is a one-line error."""
+        if err.errno not in NO_LOCKS:
+            raise CodeParrotError(f"cannot lock {lock}: {err.strerror or err}") from None
+        if not self._warned_no_locks:
+            self._warned_no_locks = True
+            print(f"note: {lock} cannot be locked here ({err.strerror}); writers of {self.ref} are not serialized "
+                  "(a concurrent push to the same branch fails instead of waiting)", file=sys.stderr, flush=True)
 
     def _rev(self, revision: str) -> str | None:
         out = self._git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}", check=False).strip()

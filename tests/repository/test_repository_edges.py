@@ -606,3 +606,30 @@ def test_list_sorts_by_instant_not_by_the_date_text(tmp_path, monkeypatch):
     dated = [BranchInfo("b", "0", "2024-05-01T10:00:00+09:00", None), BranchInfo("main", "0", "", None),
              BranchInfo("c", "0", "", None), BranchInfo("a", "0", "2024-05-01T02:00:00+00:00", None)]
     assert [b.name for b in main_then_newest(dated)] == ["main", "a", "b", "c"]  # no date (a mirror): last
+
+
+def test_a_filesystem_without_locks_still_takes_commits_and_says_so_once(tmp_path, monkeypatch, capsys):
+    """NFS without its lock daemon answers flock with ENOLCK: commits go on (git's compare-and-swap of the branch
+    still refuses a lost update) with one note per repository; any other failure to lock is a one-line error."""
+    import errno
+
+    from codeparrot import file_lock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(file_lock.fcntl, "flock", no_locks)
+    repo = LocalGitRepository(tmp_path / "repo", create=True)
+    for n in range(2):
+        repo.commit_folder(folder_with(tmp_path, f"f{n}", {"config.json": f'{{"n": {n}}}'}), "main", f"commit {n}")
+    assert [line for line in capsys.readouterr().err.splitlines() if "cannot be locked here" in line] == [
+        f"note: {repo.git_dir / 'codeparrot.lock'} cannot be locked here ({os.strerror(errno.ENOLCK)}); writers of "
+        f"{repo.ref} are not serialized (a concurrent push to the same branch fails instead of waiting)"]
+    assert git("--git-dir", str(repo.git_dir), "log", "--format=%s", "main").split("\n")[:2] == ["commit 1", "commit 0"]
+
+    def denied(fd, op):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(file_lock.fcntl, "flock", denied)
+    with pytest.raises(CodeParrotError, match=r"^cannot lock .*codeparrot\.lock: Permission denied$"):
+        repo.commit_folder(folder_with(tmp_path, "f2", {"config.json": "{}"}), "main", "commit 2")
