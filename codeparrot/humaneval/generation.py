@@ -29,7 +29,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteriaList
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
@@ -39,6 +39,8 @@ from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.config import HumanEvalConfig, SamplingConfig
 from codeparrot.humaneval.problems import check_complete, merge_samples, part_files, read_samples
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
+from codeparrot.repository.base import is_hub_ref, strip_scheme
+from codeparrot.repository.local import LocalGitRepository, is_git_repository
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
 
 SampleKey = tuple[str, float, int]  # (task_id, temperature, sample_index)
@@ -127,11 +129,18 @@ def generate_batch(model, tokenizer, prompts: Sequence[list[int]], temperature: 
     sampling = ({"do_sample": True, "temperature": temperature, "top_p": cfg.top_p, "top_k": 0}
                 if temperature > 0 else {"do_sample": False})
     torch.manual_seed(seed)  # seeds CPU and every CUDA device
-    with torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=cfg.max_new_tokens,
-                             pad_token_id=eos, eos_token_id=[eos, *stop_ids] if stop_ids else eos,
-                             stopping_criteria=StoppingCriteriaList([criteria]),
-                             **sampling)
+    # The protocol alone decides how tokens are drawn: `generate` fills every setting not passed here from the
+    # checkpoint's generation_config.json (a repetition penalty, no_repeat_ngram_size, min_new_tokens, beams...),
+    # which would silently change greedy and sampled completions alike; a blank config stands in for it meanwhile.
+    saved_config, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                 max_new_tokens=cfg.max_new_tokens, pad_token_id=eos,
+                                 eos_token_id=[eos, *stop_ids] if stop_ids else eos,
+                                 stopping_criteria=StoppingCriteriaList([criteria]), **sampling)
+    finally:
+        model.generation_config = saved_config
     generated = out[:, width:].tolist()  # (batch, <= max_new_tokens); finished rows padded with EOS
     results = []
     for row, ids in enumerate(generated):
@@ -146,9 +155,16 @@ def sample_key(record: dict) -> SampleKey:
 
 
 def append_records(path: Path, records: Sequence[dict]) -> None:
-    """Append JSON lines in one write, flushed to disk: a kill leaves at most a partial last line."""
+    """Append JSON lines in one write, flushed to disk: a kill leaves at most a partial last line, which the
+    next append (a resumed run) cuts away first, so the new lines never run on from it."""
     data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-    with open(path, "ab") as f:
+    with open(path, "a+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":  # a killed writer's partial line (read_samples skipped it): drop it
+                f.seek(0)
+                f.truncate(f.read().rfind(b"\n") + 1)
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -192,17 +208,33 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
 
 
 # --------------------------------------------------------------------------------------- distributed run
-def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int) -> dict:
-    """What the samples depend on: the distribution (model, top-p, max new tokens, prompt format, stop
-    strings, prompts) and the exact draws (seed; n_samples, batch size and process count shape the batches,
-    and each batch is seeded from its first row). A resumed run must match all of it, so the finished file
-    is the one an uninterrupted run would have written. Temperatures may be added on resume: each has its
-    own batches."""
+def pinned_commit(model: str, revision: str | None) -> str | None:
+    """The commit that `revision` (default main) of the local git repository `model` names now: the run loads
+    and records exactly it, since a branch moves as training pushes checkpoints and a resumed run must not mix
+    samples of two. None where there is no commit to pin: a plain folder, a checked-out worktree used as is (no
+    --revision), a Hub id, or a path that does not exist (loading the model says why)."""
+    if is_hub_ref(model):
+        return None
+    path = Path(strip_scheme(model)).expanduser()
+    if not path.exists() or not is_git_repository(path) or (revision is None and (path / ".git").exists()):
+        return None
+    return LocalGitRepository(path).resolve_revision(revision or "main")
+
+
+def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int, commit: str | None = None) -> dict:
+    """What the samples depend on: the distribution (model and the commit its revision named, top-p, max new
+    tokens, prompt format, stop strings, prompts) and the exact draws (seed; n_samples, batch size and process
+    count shape the batches, and each batch is seeded from its first row). A resumed run must match all of it,
+    so the finished file is the one an uninterrupted run would have written. Temperatures may be added on
+    resume: each has its own batches."""
     cfg = config.sampling
     infilling = is_infilling(config)
     prompts = hashlib.sha256("\0".join(p["task_id"] + "\0" + p["prompt"] + ("\0" + p["suffix"] if infilling else "")
                                        for p in problems).encode()).hexdigest()
-    meta = {"model": config.model, "revision": config.revision, "seed": cfg.seed, "n_samples": cfg.n_samples,
+    # A pinned commit stands for the revision (any name of that commit resumes: e.g. --revision COMMIT once the
+    # branch has moved on); without one, the revision as given.
+    pinned = {"commit": commit} if commit else {"revision": config.revision}
+    meta = {"model": config.model, **pinned, "seed": cfg.seed, "n_samples": cfg.n_samples,
             "batch_size": cfg.batch_size, "num_processes": world, "top_p": cfg.top_p,
             "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt and not infilling,
             "stop_strings": list(FIM_TOKENS if infilling else STOP_STRINGS), "prompts_sha256": prompts[:16]}
@@ -248,13 +280,18 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     meta_file = samples_file.with_name(samples_file.name + ".meta.json")
     # WORLD_SIZE is what `accelerate launch` sets; checked against the Accelerator below. Every rank checks the
     # same files before any collective: all fail together, none hangs.
-    meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    commit = pinned_commit(config.model, config.revision)
+    meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1), commit)
     _check_meta(meta_file, meta, samples_file)
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     if world != meta["num_processes"]:  # launched some other way than through WORLD_SIZE: record the truth
         meta["num_processes"] = world
         _check_meta(meta_file, meta, samples_file)
+    commits = sorted(set(gather_object([commit])), key=str)  # every process must sample the same checkpoint
+    if len(commits) > 1:
+        raise CodeParrotError(f"{config.model}: revision {config.revision or 'main'} moved while the processes "
+                              f"started (they found {', '.join(str(c)[:12] for c in commits)}); run again")
     if 0 in cfg.temperatures and cfg.n_samples > 1 and accelerator.is_main_process:
         print(f"warning: temperature 0 is greedy decoding: its {cfg.n_samples} samples per task are identical",
               file=sys.stderr)
@@ -262,7 +299,8 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
         done.update(sample_key(r) for r in read_samples(path, duplicates="first") if r.get("temperature") is not None)
     with accelerator.main_process_first():  # rank 0 materializes a repository revision once, then all load it
-        model, tokenizer = load_model_and_tokenizer(config.model, config.revision, device=str(accelerator.device))
+        model, tokenizer = load_model_and_tokenizer(config.model, commit or config.revision,
+                                                    device=str(accelerator.device))
     if accelerator.is_main_process:
         atomic_write_json(meta_file, meta)
     todo = sum(1 for b in plan_batches(problems, cfg, rank, world) for t, i in b.rows
@@ -295,7 +333,7 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
         made, tokens = sum(s["samples"] for s in all_stats), sum(s["tokens"] for s in all_stats)
         info = {"config": {"n_samples": cfg.n_samples, "batch_size": cfg.batch_size, "temperatures": cfg.temperatures,
                            "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-                           "strip_prompt": meta["strip_prompt"], "num_processes": world,
+                           "commit": commit, "strip_prompt": meta["strip_prompt"], "num_processes": world,
                            "stop_strings": meta["stop_strings"]},
                 "samples_file": str(samples_file), "samples_generated": made, "samples_reused": len(samples) - made,
                 "tokens_generated": tokens, "seconds": round(seconds, 2),

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from codeparrot.errors import CodeParrotError
+from codeparrot.humaneval.problems import temperature_label
 
 HUMANEVAL = "humaneval"
 BENCHMARKS = {"single-line": "SingleLineInfilling", "multi-line": "MultiLineInfilling"}  # name -> task id prefix
@@ -96,9 +97,7 @@ def exact_match(tasks: Sequence[dict], samples: Sequence[dict]) -> dict[str, dic
     middle = {t["task_id"]: t["canonical_solution"].strip() for t in tasks}
     counts: dict[str, list[int]] = {}
     for s in samples:
-        t = s["temperature"]
-        label = "none" if t is None else (t if isinstance(t, str) else f"{t:g}")
-        hit = counts.setdefault(label, [0, 0])
+        hit = counts.setdefault(temperature_label(s["temperature"]), [0, 0])
         hit[0] += s["completion"].strip() == middle[s["task_id"]]
         hit[1] += 1
     return {label: {"exact_match": c / n, "matched": c, "samples": n} for label, (c, n) in counts.items()}

