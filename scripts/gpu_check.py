@@ -8,6 +8,7 @@ stage. `--smoke`: the tiny preset on any device (CI runs it). See codeparrot/too
 from __future__ import annotations
 
 import sys
+import time
 
 from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
@@ -15,10 +16,11 @@ from codeparrot.tools.gpu_check.config import GpuCheckConfig
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()  # --minutes counts from here: importing torch below is part of the call's time
     cfg = parse_config(GpuCheckConfig, argv, __doc__)
     from codeparrot.tools.gpu_check.run import run_gpu_check  # torch only after the flags parsed
 
-    results = run_gpu_check(cfg)
+    results = run_gpu_check(cfg, started=started)
     failed = [name for name, entry in results["stages"].items() if "error" in entry and name in cfg.stages]
     for name in failed:
         print(f"error: gpu_check stage {name} failed: {results['stages'][name]['error']}", file=sys.stderr)

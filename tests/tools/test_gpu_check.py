@@ -126,6 +126,50 @@ def test_end_to_end_runs_are_killed_when_the_stage_budget_is_spent(tmp_path):
         run_logged([sys.executable, "-c", "pass"], tmp_path / "resume.log", time.monotonic() - 1)
 
 
+def test_a_stage_still_running_when_the_budget_ends_is_stopped_and_the_call_ends(tmp_path, monkeypatch):
+    """--minutes is a hard limit counted from the call's start: a stage no deadline check reaches (a compile, the
+    profiled steps) is stopped, recorded as skipped, and the call ends, instead of running on until a `timeout`
+    around it kills the whole call; a stage that records the stop in a row and goes on (measure_variant does) is
+    stopped again; an alarm set before (pytest-timeout's) is restored."""
+    import signal
+    import time
+
+    from codeparrot.tools.gpu_check import run
+    from codeparrot.tools.gpu_check.config import GpuCheckConfig
+
+    def endless(deadline):  # (ends on its own 5 s after the budget: no hang where nothing stops it)
+        while time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+        return []
+
+    def catches_once(deadline):
+        try:
+            endless(deadline)
+        except RuntimeError:  # as measure_variant records a variant's error, and goes on
+            return endless(deadline)
+
+    monkeypatch.setattr(run, "ALARM_GRACE_S", 0.0)
+    monkeypatch.setattr(run, "ALARM_REPEAT_S", 0.1)
+    monkeypatch.setattr(run, "release", lambda device: None)  # (dynamo's import alone would cost seconds)
+    monkeypatch.setattr(run, "stage_functions", lambda ctx: {"ceilings": endless, "loss": catches_once})
+    alarm_before = signal.getitimer(signal.ITIMER_REAL)[0]
+    for stages in (["ceilings", "loss"], ["loss"]):
+        start = time.monotonic()
+        cfg = GpuCheckConfig(output_dir=str(tmp_path / stages[0]), stages=stages, smoke=True, minutes=0.3 / 60)
+        stages_out = run.run_gpu_check(cfg)["stages"]
+        assert time.monotonic() - start < 10
+        assert stages_out[stages[0]]["skipped"].startswith("skipped: time budget spent: stopped after ")
+        assert "skipped" in json.loads((tmp_path / stages[0] / "gpu_check.json").read_text())["stages"][stages[0]]
+    assert stages_out.keys() == {"loss"}
+    assert "ceilings" in json.loads((tmp_path / "ceilings" / "gpu_check.json").read_text())["stages"]
+    assert json.loads((tmp_path / "ceilings" / "gpu_check.json").read_text())["stages"]["loss"]["skipped"] == (
+        "skipped: time budget spent")  # nothing was left for the next stage
+    assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (alarm_before > 0)  # none left behind, none lost
+    cfg = GpuCheckConfig(output_dir=str(tmp_path / "late"), stages=["ceilings"], smoke=True, minutes=1.0)
+    assert run.run_gpu_check(cfg, started=time.monotonic() - 61)["stages"]["ceilings"]["skipped"] == (
+        "skipped: time budget spent")  # the budget counts from the start of the call (scripts/gpu_check.py main)
+
+
 def test_headline_reads_the_batch_the_cli_chose_and_its_one_line_error(tmp_path):
     from codeparrot.tools.gpu_check.end_to_end import error_line
     from codeparrot.tools.gpu_check.headline import chosen_batch, log_tail, row_label
@@ -210,6 +254,28 @@ def test_the_1_5b_measurement_falls_back_to_smaller_sizes_down_to_one():
     assert measurement_sizes(16, [8, 16]) == [16, 8, 4, 2, 1]
     assert measurement_sizes(2, [8, 4, 2]) == [2, 1]  # never a size larger than the chosen one
     assert measurement_sizes(1, [1]) == [1]
+
+
+def test_a_failed_1_5b_measurement_keeps_the_search_s_trials(monkeypatch):
+    """The measurement after the search (compiled, on the GPU) failing otherwise than out of memory (a compile
+    error, the budget's end) is recorded, and the trials measured before it are kept (they were lost with the
+    whole stage)."""
+    import time
+
+    import torch
+
+    from codeparrot.tools.gpu_check import large_model
+    from codeparrot.tools.gpu_check.config import GpuCheckConfig, shapes_for
+
+    def fails(self, micro_batch, cfg):
+        raise RuntimeError("BackendCompilerFailed: backend='inductor' raised: ...")
+
+    monkeypatch.setattr(large_model.LargeModel, "measure", fails)
+    cfg = GpuCheckConfig(smoke=True)
+    result = large_model.large_model_stage(shapes_for(cfg), torch.device("cpu"), cfg, time.monotonic() + 60)
+    assert [t["micro_batch"] for t in result["trials"]] == [1, 2] and result["micro_batch"] == 2
+    assert result["not_measured"] == ("the measurement at micro-batch 2 failed: RuntimeError: BackendCompilerFailed: "
+                                      "backend='inductor' raised: ...") and "measured" not in result
 
 
 def test_kernel_names_are_shortened_to_what_tells_them_apart():

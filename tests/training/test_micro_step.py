@@ -190,10 +190,21 @@ def test_a_failed_capture_is_one_line_and_leaves_no_graph(monkeypatch):
 # ------------------------------------------------------------------------------------------- on a GPU
 @pytest.fixture(scope="module")
 def dropout_toy(tmp_path_factory, stdlib_texts):
-    from codeparrot.tools.toy_run import build_toy_run
+    """`build_toy_run(root, stdlib_texts[:80], vocab_size=512, n_layer=4, dropouts 0.1)`, the model saved as a plain
+    folder (`--revision null`, as gpu_check's CLI runs) instead of committed to a git repository: nothing says
+    the GPU image has git."""
+    from codeparrot.config import from_dict
+    from codeparrot.repository.model import ModelConfig, build_model, save_model_folder, to_gpt2_config
+    from codeparrot.tokenizer import train_tokenizer
+    from codeparrot.tools.toy_run import ToyRun, write_shards
 
-    return build_toy_run(tmp_path_factory.mktemp("graphs"), stdlib_texts[:80], vocab_size=512, n_layer=4,
-                         resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    root, texts = tmp_path_factory.mktemp("graphs"), stdlib_texts[:80]
+    tokenizer = train_tokenizer(texts, vocab_size=512, show_progress=False)
+    preset = from_dict(ModelConfig, {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_positions": 128,
+                                     "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1})
+    save_model_folder(build_model(to_gpt2_config(preset, tokenizer), seed=0), root / "model", tokenizer)
+    return ToyRun(root, root / "model", root / "model", write_shards(texts[8:], root / "data" / "train"),
+                  write_shards(texts[:8], root / "data" / "valid"), len(tokenizer))
 
 
 def _train_losses(toy, name: str, graphs: bool, steps: int = 8, resume: str | None = None, **extra) -> list[float]:
@@ -202,8 +213,9 @@ def _train_losses(toy, name: str, graphs: bool, steps: int = 8, resume: str | No
     from codeparrot.training.train import train
 
     cfg = toy.config(max_steps=steps, run_name=name, output_dir=str(toy.root / "runs" / name), cuda_graphs=graphs,
-                     mixed_precision="bf16", **{"batch.micro_batch_size": 4, "batch.gradient_accumulation_steps": 2,
-                                                "logging.log_steps": 1, "checkpoint.save_steps": 4, **extra})
+                     mixed_precision="bf16", revision=None, **{
+                         "batch.micro_batch_size": 4, "batch.gradient_accumulation_steps": 2, "logging.log_steps": 1,
+                         "checkpoint.save_steps": 4, "checkpoint.push": False, **extra})
     try:
         train(cfg, resume=resume)
     finally:

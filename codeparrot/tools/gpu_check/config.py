@@ -30,9 +30,10 @@ class GpuCheckConfig:
                                        "are kept, and a stage skipped now keeps its earlier figures)")
     stages: list[str] = doc(list(STAGES), f"stages to run, in order (default: all, most important first): "
                                           f"{', '.join(STAGES)}", nargs="+", metavar="STAGE")
-    minutes: float = doc(8.0, "time budget of the whole call (a lent GPU call is limited to about 9 minutes): a "
-                              "stage that does not fit in what is left is recorded as 'skipped: time budget "
-                              "spent', never estimated; training runs still going at the end are killed")
+    minutes: float = doc(8.0, "time budget of the whole call, from its start (a lent GPU call is limited to about "
+                              "9 minutes): a stage that does not fit in what is left is recorded as 'skipped: time "
+                              "budget spent', never estimated; a stage still running at the end is stopped a few "
+                              "seconds later and recorded so, and its training runs are killed")
     smoke: bool = doc(False, "every stage on the tiny preset with small shapes (CPU-sized, one to two minutes of CPU); "
                              "checks the tool, measures nothing meaningful")
     micro_batches: list[int] = doc([12, 24, 48], "micro-batch sizes of the compiled training-step variant "

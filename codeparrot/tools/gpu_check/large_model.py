@@ -215,9 +215,10 @@ def large_model_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig,
             result["measured"] = runner.measure(size, cfg)
             print(f"  1.5B measured: {json.dumps(result['measured'])}", file=sys.stderr, flush=True)
             break
-        except (torch.OutOfMemoryError, RuntimeError) as err:  # compiled kernels' workspaces: a smaller size
-            if not is_out_of_memory(err):
-                raise
+        except Exception as err:  # noqa: BLE001 - out of memory (compiled kernels' workspaces): a smaller size
+            if not is_out_of_memory(err):  # anything else (a compile error, the budget's end): the trials stay
+                result["not_measured"] = f"the measurement at micro-batch {size} failed: {short_error(err)}"
+                return result
             result.setdefault("measure_errors", []).append(f"micro-batch {size}: {short_error(err)}")
         free_step(runner.optimizer, runner.head, runner.device, collect=True)
     else:

@@ -5,14 +5,25 @@ give any figure; none in `--smoke`) is left; otherwise it is recorded as "skippe
 estimated, and an earlier call's figures for it are kept. A stage that starts gets the rest of the budget (at
 most `--stage-minutes`) as its deadline: the training CLI runs and the JAX process are killed there, and the
 stages that loop (training-step variants, the 1.5B search) start nothing new after it.
+
+The budget counts from the start of the call (`started`: scripts/gpu_check.py's main(), before torch is imported)
+and is a hard limit: work that no deadline check reaches (a compile, the profiled steps, a training-step variant
+or 1.5B measurement started just before the end) is stopped ALARM_GRACE_S after it (`budget_alarm`: SIGALRM
+raises `BudgetSpent` in the stage; the grace lets the stages that honour their deadline end on their own first),
+the stage is recorded as skipped (or keeps the rows it has, where it records errors per row) and the call
+ends: a `timeout` half a minute longer than --minutes around the call never has to kill it, which would lose
+the stage under way and leave a training CLI run (its own process group) on the GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shlex
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +42,41 @@ from codeparrot.tools.gpu_check.report import load_results, save_results
 from codeparrot.tools.gpu_check.train_steps import measure_variant, variants_for
 
 SKIPPED = "skipped: time budget spent"
+ALARM_GRACE_S = 5.0  # after the budget's end: then a stage still running is stopped (`budget_alarm`)
+ALARM_REPEAT_S = 5.0  # BudgetSpent again this often while a stage that caught it still runs
+
+
+class BudgetSpent(RuntimeError):
+    """The call's budget (--minutes) ran out while a stage was running (`budget_alarm`). A RuntimeError, so that
+    the places that record a CLI run or a variant cut short by the budget (headline rows, training-step variants)
+    record this one as such and go on to their own deadline checks."""
+
+
+@contextlib.contextmanager
+def budget_alarm(deadline: float):
+    """While the block runs, SIGALRM at `deadline` (time.monotonic()) raises BudgetSpent in it, and again every
+    ALARM_REPEAT_S seconds, should the stage catch it and go on. Main thread only (signals reach no other);
+    an alarm set before (pytest-timeout's) is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    armed = True
+
+    def ring(signum, frame):
+        if armed:  # a signal handled after the block ended raises nothing
+            raise BudgetSpent(f"time budget spent (--minutes): stopped after {time.monotonic() - began:.0f} s")
+
+    began = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, ring)
+    before = signal.setitimer(signal.ITIMER_REAL, max(deadline - began, 1e-3), ALARM_REPEAT_S)
+    try:
+        yield
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+        if before[0] > 0:  # another alarm was pending: it keeps what was left of its delay
+            signal.setitimer(signal.ITIMER_REAL, max(before[0] - (time.monotonic() - began), 1e-3), before[1])
 
 
 @dataclass
@@ -102,10 +148,11 @@ def skip(results: dict, stage: str, reason: str, date: str) -> None:
     results["stages"][stage] = {"skipped": reason, "seconds": 0.0, "date": date}
 
 
-def run_gpu_check(cfg: GpuCheckConfig) -> dict:
-    """Returns the merged results; a stage that fails is recorded with its error and the next one runs."""
+def run_gpu_check(cfg: GpuCheckConfig, started: float | None = None) -> dict:
+    """Returns the merged results; a stage that fails is recorded with its error and the next one runs. `started`:
+    time.monotonic() when the call started (the budget counts from it; default: now)."""
     cfg.validate()
-    run_deadline = time.monotonic() + 60 * cfg.minutes
+    run_deadline = (time.monotonic() if started is None else started) + 60 * cfg.minutes
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         from codeparrot.training.fast_path import configure_cuda_allocator
@@ -141,11 +188,14 @@ def run_gpu_check(cfg: GpuCheckConfig) -> dict:
             print(f"gpu_check: {stage} ... ({left:.0f} s of the budget left)", file=sys.stderr, flush=True)
             start = time.perf_counter()
             try:
-                result = functions[stage](min(run_deadline, now + 60 * cfg.stage_minutes))
+                with budget_alarm(run_deadline + ALARM_GRACE_S):
+                    result = functions[stage](min(run_deadline, now + 60 * cfg.stage_minutes))
                 entry = {"skipped": result["skipped"]} if isinstance(result, dict) and set(result) == {"skipped"} \
                     else {"result": result}
             except Exception as err:  # noqa: BLE001 - one stage's failure must not lose the others' figures
-                entry = {"error": short_error(err)}
+                stopped = isinstance(err, BudgetSpent) or time.monotonic() >= run_deadline  # (maybe wrapped)
+                entry = {"skipped": f"{SKIPPED}: stopped after {time.perf_counter() - start:.0f} s of the stage "
+                                    f"(--minutes {cfg.minutes:g})"} if stopped else {"error": short_error(err)}
             entry.update(seconds=time.perf_counter() - start, date=date)
             if "skipped" in entry:
                 skip(results, stage, entry["skipped"], date)
