@@ -26,8 +26,16 @@ from typing import Any, Iterator
 from codeparrot.errors import CodeParrotError
 
 
-def _umask() -> int:
-    """The process umask (read by setting and restoring it; there is no getter)."""
+def process_umask() -> int:
+    """The process umask: from /proc/self/status where Linux has it (no window in which another thread creates
+    files under umask 0), else by setting and restoring it (there is no getter)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -54,7 +62,7 @@ def atomic_dir(final: str | os.PathLike, replace: bool = True) -> Iterator[Path]
     ensure_writable_dir(final.parent if str(final.parent) else Path("."))
     remove_stale_temporaries(final)
     tmp = Path(tempfile.mkdtemp(prefix=f"{_tmp_prefix(final)}{_owner()}-", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like any new folder
+    os.chmod(tmp, 0o777 & ~process_umask())  # mkdtemp makes 0700; the result should look like any new folder
     try:
         yield tmp
     except BaseException:
@@ -214,7 +222,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any new file
+        os.fchmod(fd, 0o666 & ~process_umask())  # mkstemp makes 0600; the result should look like any new file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

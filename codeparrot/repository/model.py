@@ -15,8 +15,10 @@ original numerics exactly. In fp32 both paths compute the same function (tested)
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -24,6 +26,7 @@ import transformers
 from safetensors import SafetensorError
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from codeparrot.atomic_io import process_umask
 from codeparrot.config import doc, load_config
 from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.repository.local import lfs_pointers
@@ -279,8 +282,13 @@ def quiet_transformers_bars():
 
 def save_model_folder(model, folder, tokenizer=None, state_dict: dict | None = None) -> None:
     """`folder` gets what `from_pretrained` loads: config.json and model.safetensors (from `state_dict` when
-    given, e.g. weights gathered from shards), plus the tokenizer's files when one is given."""
+    given, e.g. weights gathered from shards), plus the tokenizer's files when one is given. The weights get the
+    mode of any new file, as the files beside them: the safetensors writer makes them 0600, unreadable to the
+    run's group (a shared checkpoint folder, a team's model repository)."""
     with quiet_transformers_bars():
         model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
+    mode = 0o666 & ~process_umask()
+    for weights in Path(folder).glob("*.safetensors"):
+        os.chmod(weights, mode)

@@ -8,7 +8,7 @@ Layout of `<run dir>/checkpoints/step-N/`:
     training_state/                         Accelerate's `save_state`: optimizer, scheduler, RNG states per
                                             process (+ the model itself under FSDP/DeepSpeed)
     training_state/data_rank{R}.pt          process R's DataLoader position (`state_dict()`)
-    trainer_state.json                      step, tokens seen, processes
+    trainer_state.json                      step, tokens seen, processes, the non-finite guard's counters
     manifest.json                           size (and sha256, for files up to 256 MiB) of every other file;
                                             written LAST, after everything it describes
 
@@ -29,17 +29,17 @@ import re
 import shutil
 import struct
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from accelerate.utils import extract_model_from_parallel
+from accelerate.utils import extract_model_from_parallel, load
 from safetensors.torch import load_file
 
-from codeparrot.atomic_io import atomic_write_json, atomic_write_text
-from codeparrot.errors import CodeParrotError
+from codeparrot.atomic_io import atomic_write_json, atomic_write_text, fsync_path, fsync_tree
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.repository.model import save_model_folder
 
 STATE_FILE = "trainer_state.json"
@@ -48,6 +48,7 @@ HASH_LIMIT = 256 * 2**20  # bytes: larger files (big weights, optimizer moments)
 CONFIG_FILE = "train_config.yaml"
 TRAINING_STATE = "training_state"
 _STEP_RE = re.compile(r"^step-(\d+)$")
+_LEFTOVER_RE = re.compile(r"^\.step-\d+\.(partial|deleting)$")  # of a killed save / prune
 
 
 @dataclass
@@ -59,6 +60,7 @@ class TrainerState:
     world_size: int
     run_name: str
     saved_at: str = ""
+    nonfinite: dict = field(default_factory=dict)  # the non-finite guard's counters (`NonFiniteGuard.state_dict`)
 
 
 def checkpoints_root(run_dir: str | os.PathLike) -> Path:
@@ -93,7 +95,7 @@ def read_state(path: str | os.PathLike) -> TrainerState:
     try:
         data = json.loads(state_file.read_text())
         return TrainerState(**{k: data[k] for k in ("step", "tokens_seen", "world_size", "run_name")},
-                            saved_at=data.get("saved_at", ""))
+                            saved_at=data.get("saved_at", ""), nonfinite=dict(data.get("nonfinite") or {}))
     except (ValueError, KeyError, TypeError) as err:
         raise CodeParrotError(f"{state_file}: unreadable trainer state ({type(err).__name__}: {err})") from None
 
@@ -118,7 +120,12 @@ def resolve_resume(resume: str | None, run_dir: str | os.PathLike, report=print)
             raise CodeParrotError(f"--resume auto: no usable checkpoint in {checkpoints_root(run_dir)}: "
                                   f"{'; '.join(damaged)}")
         return None
-    read_state(resume)
+    state = read_state(resume)
+    later = [path.name for step, path in list_checkpoints(run_dir) if step > state.step]
+    if later:  # its saves would interleave with them: `auto` would pick those, keep_last delete the new ones
+        raise CodeParrotError(f"cannot resume from {resume}: {checkpoints_root(run_dir)} also holds later checkpoints "
+                              f"of this run ({', '.join(later)}), which `--resume auto` would continue and keep_last "
+                              "would keep over the new ones: move them out of that folder first")
     problems = verify_checkpoint(resume)
     if problems:
         raise CodeParrotError(f"cannot resume from {resume}: {'; '.join(problems[:3])}"
@@ -290,12 +297,14 @@ def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, s
     finally:
         handle.remove()
     torch.save(data_state, tmp / TRAINING_STATE / f"data_rank{accelerator.process_index}.pt")
+    fsync_tree(tmp / TRAINING_STATE)  # each process's own files flushed by that process (nodes of a shared volume)
     accelerator.wait_for_everyone()
 
     if accelerator.is_main_process:
         state.saved_at = time.strftime("%Y-%m-%dT%H:%M:%S")
         atomic_write_json(tmp / STATE_FILE, asdict(state))
         write_manifest(tmp)  # last: it describes every file above
+        fsync_tree(tmp)  # on disk before it is published (and before pruning removes the previous checkpoints)
         if final.exists():  # re-saving a step (e.g. after resuming from it): swap atomically-enough
             old = final.parent / f".{final.name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -304,13 +313,17 @@ def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, s
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
+        fsync_path(final.parent)  # the rename itself, before older checkpoints go
         prune_checkpoints(run_dir, keep_last)
     accelerator.wait_for_everyone()
     return final
 
 
 def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
-    """Delete all but the `keep_last` most recent complete checkpoints; returns the removed folders."""
+    """Delete all but the `keep_last` most recent complete checkpoints; returns the removed folders. Also removes
+    what killed saves and deletes left (`.step-N.partial`, `.step-N.deleting`, each up to a checkpoint's size), also
+    at steps that are never saved again (a SIGTERM save cut by the SIGKILL after it): call it after a save, by the
+    one process that saves, when no other save is under way."""
     found = list_checkpoints(run_dir)
     removed = [path for _, path in found[: max(0, len(found) - keep_last)]]
     for path in removed:
@@ -318,19 +331,43 @@ def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
         doomed = path.parent / f".{path.name}.deleting"
         os.rename(path, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
+    root = checkpoints_root(run_dir)
+    for leftover in root.iterdir() if root.is_dir() else []:
+        if _LEFTOVER_RE.match(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
     return removed
 
 
-def read_data_position(path: str | os.PathLike, process_index: int) -> dict[str, Any]:
-    """Process `process_index`'s DataLoader position saved in checkpoint `path`."""
+def read_data_position(path: str | os.PathLike, process_index: int,
+                       micro_batch_size: int | None = None) -> dict[str, Any]:
+    """Process `process_index`'s DataLoader position saved in checkpoint `path`.
+
+    With `micro_batch_size` (this run's), a one-line error where the position cannot continue exactly with it: a
+    loader with workers restores the snapshot its workers last sent and replays the batches read since, in
+    batches of the new size, so another micro-batch than the checkpoint's would skip or repeat sequences."""
     data_file = Path(path) / TRAINING_STATE / f"data_rank{process_index}.pt"
     if not data_file.is_file():
         raise CodeParrotError(f"{path} has no data position for process {process_index} ({data_file.name})")
-    return torch.load(data_file, weights_only=True)
+    position = torch.load(data_file, weights_only=True)
+    replayed = position.get("_steps_since_snapshot", 0) if isinstance(position, dict) else 0
+    if micro_batch_size is not None and replayed:
+        try:
+            saved = yaml.safe_load((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))["batch"]["micro_batch_size"]
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            saved = None  # not recorded: nothing to compare with
+        if isinstance(saved, int) and saved != micro_batch_size:
+            raise CodeParrotError(
+                f"{path} was written with batch.micro_batch_size {saved}, this run has {micro_batch_size}: its data "
+                f"position replays the {replayed} batch(es) read since the loader's last snapshot, which in batches "
+                f"of {micro_batch_size} would {'skip' if micro_batch_size > saved else 'repeat'} "
+                f"{replayed * abs(micro_batch_size - saved)} sequence(s): resume with --batch.micro_batch_size {saved}")
+    return position
 
 
 def restore_training_state(accelerator, path: str | os.PathLike) -> TrainerState:
-    """Restore model, optimizer, scheduler and RNG states from checkpoint `path`; returns its trainer state.
+    """Restore model, optimizer, scheduler and RNG states from checkpoint `path`; returns its trainer state. RNG
+    states that cannot be restored are a one-line error (Accelerate would go on without them); Accelerate's
+    micro-step counter restarts at 0 (a checkpoint is at an optimizer-step boundary), so another accumulation works.
 
     Call it last before the loop: anything drawing random numbers afterwards (e.g. starting DataLoader
     workers, which draws their base seed) would shift the restored RNG stream."""
@@ -339,9 +376,39 @@ def restore_training_state(accelerator, path: str | os.PathLike) -> TrainerState
     if state.world_size != accelerator.num_processes:
         raise CodeParrotError(f"{path} was written by {state.world_size} processes; resume it with "
                               f"{state.world_size}, not {accelerator.num_processes} (each had its own data stream)")
+    rng_file = path / TRAINING_STATE / f"random_states_{accelerator.process_index}.pkl"
+    try:  # Accelerate's load_state logs a failure to restore them at info level and goes on, no longer exact
+        saved_rng = load(rng_file)
+    except Exception as err:  # noqa: BLE001 - any reason: the resume would not be exact
+        # torch's weights-only refusal: the cause is its "WeightsUnpickler error" line (e.g. a pickle of another numpy)
+        cause = next((line.strip().split(". Please")[0] for line in str(err).splitlines()
+                      if "WeightsUnpickler error" in line), first_line(err))
+        raise CodeParrotError(f"{rng_file}: the random number generator states cannot be restored "
+                              f"({type(err).__name__}: {cause}); an exact resume needs them") from None
     handle = accelerator.register_load_state_pre_hook(_load_weights_from_hf_folder)
     try:
         accelerator.load_state(str(path / TRAINING_STATE))
     finally:
         handle.remove()
+    _check_rng_restored(saved_rng, rng_file)
+    # Accelerate restores its micro-step counter, N × the checkpoint's accumulation; a checkpoint is at an
+    # optimizer-step boundary, i.e. at micro-step 0 of the next step whatever the accumulation now is (with
+    # another one the raw count would put the gradient synchronization on the wrong micro-step).
+    accelerator.step = 0
     return state
+
+
+def _check_rng_restored(saved: dict, rng_file: Path) -> None:
+    """One-line error unless this process's torch generators (CPU, and CUDA where saved) now hold `saved`'s states:
+    Accelerate skips the rest quietly when one fails (e.g. CUDA states of more devices than this process sees)."""
+    cpu_ok = torch.equal(torch.get_rng_state(), saved["torch_manual_seed"])
+    cuda = saved.get("torch_cuda_manual_seed")
+    if cuda is not None and torch.cuda.is_available():
+        now = torch.cuda.get_rng_state_all()
+        if len(now) != len(cuda) or not all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(now, cuda)):
+            raise CodeParrotError(f"{rng_file}: holds the CUDA random states of {len(cuda)} device(s), this process "
+                                  f"sees {len(now)} and they could not all be restored: resume with the devices "
+                                  "visible as when it was written (CUDA_VISIBLE_DEVICES) for an exact resume")
+    if not cpu_ok:
+        raise CodeParrotError(f"{rng_file}: the random number generator states were not restored; an exact "
+                              "resume needs them")

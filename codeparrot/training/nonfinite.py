@@ -64,13 +64,22 @@ class NonFiniteGuard:
                  optimizer=None):
         self.accelerator, self.max_bad_steps = accelerator, max_bad_steps
         self.rank, self.accum, self.data, self.loader, self.metrics = rank, accum, data, loader, metrics
-        self.skipped = 0  # skipped steps since this process started (logged with every log line)
+        self.skipped = 0  # skipped steps of the run so far (logged with every log line; restored on resume)
         self.in_a_row = 0
         self.first_bad: str | None = None  # the first step of the current run of bad steps, described
         inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper holds the torch optimizer
         self.fused = inner if (inner is not None and getattr(inner, "defaults", {}).get("fused")
                                and accelerator.mixed_precision != "fp16") else None
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # device mode, unread
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters a checkpoint keeps (call `flush` first), so that a resumed run stops where an
+        uninterrupted one would: a run of bad steps goes on counting across the resume."""
+        return {"skipped": self.skipped, "in_a_row": self.in_a_row, "first_bad": self.first_bad}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped, self.in_a_row = int(state.get("skipped", 0)), int(state.get("in_a_row", 0))
+        self.first_bad = state.get("first_bad")
 
     def check(self, step: int, grad_norm: torch.Tensor, step_loss: torch.Tensor) -> bool | torch.Tensor:
         """`step`: the 1-based step about to be applied; `step_loss`: this process's summed micro-batch losses.

@@ -81,3 +81,32 @@ def lr_factor(step: int, max_steps: int, cfg: ScheduleConfig) -> float:
 def build_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, cfg: ScheduleConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """A `LambdaLR` over `lr_factor`; it must be stepped exactly once per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, max_steps, cfg))
+
+
+def apply_on_resume(optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig) -> list[str]:
+    """After a resume restored `optimizer` and `scheduler` (built by `build_optimizer`/`build_scheduler`): the
+    config's lr, betas, eps and weight decay, and the rate of the next step from the config's schedule. Restoring
+    their state dicts brings back the values the checkpoint was written with (the base lr, each group's
+    hyperparameters, the next step's rate of the old schedule), which would silently override a changed
+    `--optim.lr` (e.g. after a loss spike) or, for one step, a raised `--max_steps`, while the logged config says
+    otherwise. Moments and step counts are kept; with an unchanged config nothing changes. Returns the optim
+    changes, e.g. ["optim.lr 0.001 (the checkpoint's) -> 0.0005 (the config's)"]."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper holds the torch scheduler
+    if not isinstance(inner, torch.optim.lr_scheduler.LambdaLR):  # not `build_scheduler`'s (e.g. DeepSpeed's own)
+        return []
+    groups = getattr(optimizer, "optimizer", optimizer).param_groups
+    wanted = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+    changes = []
+    for key, value in wanted.items():
+        before = groups[0]["initial_lr" if key == "lr" else key]
+        if (tuple(before) if key == "betas" else before) != value:
+            changes.append(f"optim.{key} {list(before) if key == 'betas' else before} (the checkpoint's) -> "
+                           f"{list(value) if key == 'betas' else value} (the config's)")
+    for i, group in enumerate(groups):
+        group["betas"], group["eps"] = wanted["betas"], wanted["eps"]
+        if i == 0:  # param_groups: the decayed weights first, then biases and norms (weight_decay 0)
+            group["weight_decay"] = cfg.weight_decay
+        group["initial_lr"] = inner.base_lrs[i] = cfg.lr
+        group["lr"] = cfg.lr * inner.lr_lambdas[i](inner.last_epoch)  # as LambdaLR computes the next step's rate
+    inner._last_lr = [group["lr"] for group in groups]
+    return changes

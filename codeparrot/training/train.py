@@ -59,7 +59,7 @@ from codeparrot.training.model_io import (
     save_final_model,
 )
 from codeparrot.training.nonfinite import NonFiniteGuard, check_finite_weights
-from codeparrot.training.optim import build_optimizer, build_scheduler
+from codeparrot.training.optim import apply_on_resume, build_optimizer, build_scheduler
 from codeparrot.training.rank_logs import open_rank_log
 from codeparrot.training.regional_compile import compile_blocks
 from codeparrot.training.reporting import (
@@ -178,11 +178,13 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     metrics = MetricsFile(run_dir, enabled=main)
     throughput = ThroughputWindows()  # the first log window is warm-up (compile, loader start): not in the summary
     if checkpoint is not None:  # the next batch is the first one the checkpointed run had not consumed
-        train_loader.load_state_dict(read_data_position(checkpoint, rank))
+        train_loader.load_state_dict(read_data_position(checkpoint, rank, cfg.batch.micro_batch_size))
     train_iter = iter(train_loader)  # before restoring the RNG: starting loader workers draws a seed from it
     if checkpoint is not None:
         trainer_state = restore_training_state(accelerator, checkpoint)
         step, tokens_seen = trainer_state.step, trainer_state.tokens_seen
+        for change in apply_on_resume(optimizer, scheduler, cfg.optim):  # the config's, not the checkpoint's
+            accelerator.print(f"resume: {change}")
         metrics.truncate_after(step)
         accelerator.print(f"resumed from {checkpoint}: step {step}, {tokens_seen:,} tokens seen, "
                           f"lr {scheduler.get_last_lr()[0]:.3e}")
@@ -193,6 +195,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     pusher = make_pusher(cfg) if main else None
     guard = NonFiniteGuard(accelerator, cfg.max_bad_steps, rank, accum, cfg.data.train, train_loader, metrics,
                            optimizer)
+    if checkpoint is not None:
+        guard.load_state_dict(trainer_state.nonfinite)  # a run of bad steps goes on counting across the resume
 
     flops_per_token = model_flops_per_token(accelerator.unwrap_model(model), cfg.data.seq_length)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
@@ -284,7 +288,8 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             guard.flush()  # device mode: a run of bad steps stops here at the latest
             check_finite_weights(accelerator, model, step)  # never a checkpoint, push or final model with NaN/inf
             result.last_checkpoint = save_checkpoint(
-                accelerator, model, tokenizer, run_dir, TrainerState(step, tokens_seen, world, cfg.run_name),
+                accelerator, model, tokenizer, run_dir,
+                TrainerState(step, tokens_seen, world, cfg.run_name, nonfinite=guard.state_dict()),
                 train_loader.state_dict(), config_dict, cfg.checkpoint.keep_last)
             if pusher is not None and not preempted:
                 pusher.push(result.last_checkpoint, f"step {step}", include=None if

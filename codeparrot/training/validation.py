@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
 from accelerate import Accelerator, PartialState
 
-from codeparrot.atomic_io import atomic_write_json
+from codeparrot.atomic_io import atomic_write_json, ensure_writable_dir
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.metrics import describe_eval
 from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
@@ -135,6 +136,8 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     launched (each takes its own shard). Returns the same summary dict on every process."""
     if batch_size <= 0 or (max_eval_steps == 0 or max_eval_steps < -1):
         raise CodeParrotError(f"batch size must be > 0 and max eval steps -1 or > 0, got {batch_size}, {max_eval_steps}")
+    if seq_length is not None and seq_length <= 0:  # 0 would silently mean the model's context
+        raise CodeParrotError(f"seq length must be > 0 (or left out: the model's context), got {seq_length}")
     accelerator = Accelerator(mixed_precision=mixed_precision)
     with accelerator.local_main_process_first():  # materialize a repository revision once per node
         model_dir = resolve_model_dir(model_ref, revision)
@@ -151,6 +154,9 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length),
                       head_weight=head)
     accelerator.end_training()
+    if not result.tokens:  # every process has the totals: each raises the same line
+        raise CodeParrotError(f"nothing to evaluate: {dataset} holds no complete sequence of {seq_length} tokens "
+                              f"(the loss of 0 tokens is undefined; give more data or a shorter --seq-length)")
     return {"model": model_ref, "revision": revision, "dataset": str(dataset), "seq_length": seq_length,
             "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
             "sequences": result.sequences, "eval_steps": result.batches, "processes": accelerator.num_processes,
@@ -160,6 +166,12 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
 def run_validation_loss(cfg: ValidationLossConfig) -> dict:
     """scripts/validation_loss.py: `validation_loss` for `cfg`; the main process prints one line and writes the
     result to `cfg.output` (or prints it as JSON)."""
+    if cfg.output:  # checked before the evaluation, which can take hours, not when writing its result
+        output = Path(cfg.output)
+        if output.is_dir():
+            raise CodeParrotError(f"--output {cfg.output} is a folder; give the JSON file to write "
+                                  f"(e.g. {output / 'validation_loss.json'})")
+        ensure_writable_dir(output.parent)
     result = validation_loss(cfg.model, cfg.dataset, revision=cfg.revision, tokenizer_ref=cfg.tokenizer,
                              seq_length=cfg.seq_length, batch_size=cfg.batch_size,
                              max_eval_steps=cfg.max_eval_steps, text_column=cfg.text_column,

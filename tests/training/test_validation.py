@@ -44,3 +44,38 @@ def test_padding_rows_are_masked_tokens():
     padded, labels = pad_rows(ids, 3)
     assert padded.tolist() == [[5, 6, 7], [0, 0, 0], [0, 0, 0]]
     assert labels.tolist() == [[5, 6, 7], [IGNORE_INDEX] * 3, [IGNORE_INDEX] * 3]
+
+
+def test_a_dataset_without_one_complete_sequence_is_an_error_not_a_nan(tiny_models, tmp_path):
+    """It used to print `validation loss nan`, exit 0 and write NaN (not JSON) into the result."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from codeparrot.errors import CodeParrotError
+    from codeparrot.training.validation import validation_loss
+
+    data = tmp_path / "short.jsonl"
+    data.write_text('{"content": "x = 1"}\n')
+    try:
+        with pytest.raises(CodeParrotError, match=r"nothing to evaluate: .*short.jsonl holds no complete sequence of "
+                                                  r"32 tokens"):
+            validation_loss(str(tiny_models["random"]), str(data), seq_length=32)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+def test_bad_output_and_sequence_length_are_refused_before_the_evaluation(tmp_path, monkeypatch):
+    """An --output folder used to fail (IsADirectoryError traceback) only once the whole split was evaluated, and
+    --seq-length 0 silently meant the model's context."""
+    from codeparrot.errors import CodeParrotError
+    from codeparrot.training import validation
+    from codeparrot.training.config import ValidationLossConfig
+
+    def evaluation(*args, **kwargs):
+        raise AssertionError("evaluated")
+
+    monkeypatch.setattr(validation, "Accelerator", evaluation)
+    with pytest.raises(CodeParrotError, match=r"--output .* is a folder; give the JSON file to write"):
+        validation.run_validation_loss(ValidationLossConfig(model="m", dataset="d", output=str(tmp_path)))
+    with pytest.raises(CodeParrotError, match="seq length must be > 0 .*got 0"):
+        validation.validation_loss("m", "d", seq_length=0)
