@@ -83,6 +83,16 @@ def atomic_dir(final: str | os.PathLike, replace: bool = True) -> Iterator[Path]
         shutil.rmtree(replaced, ignore_errors=True)  # a crash before this: the next run removes it (our name)
 
 
+def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Make the finished folder `tmp` (on disk already) `final`, replacing an existing one as `atomic_dir` does:
+    for folders that several processes write before one publishes them (a training checkpoint)."""
+    tmp, final = Path(tmp), Path(final)
+    replaced = _publish(tmp, final, replace=True)
+    fsync_path(final.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
 def _publish(tmp: Path, final: Path, replace: bool) -> Path | None:
     """Rename the folder `tmp` to `final`; where `final` exists, return where the old one went (to be removed).
 

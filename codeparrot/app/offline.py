@@ -89,8 +89,7 @@ class RefuseRemoteFiles:
         if names_remote_file(scope.get("path", "")):
             await _refuse(scope, receive, send)
             return
-        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").lower()
-        if scope.get("method") in ("GET", "HEAD") or content_type.startswith((b"multipart/", b"application/x-www")):
+        if scope.get("method") in ("GET", "HEAD") or _form_body(scope):
             await self.app(scope, receive, send)  # no JSON body (an upload's bytes are not read here)
             return
         messages = []
@@ -108,6 +107,18 @@ class RefuseRemoteFiles:
             await _refuse(scope, replay, send)
             return
         await self.app(scope, replay, send)
+
+
+_FORM_TYPES = (b"multipart/form-data", b"application/x-www-form-urlencoded")
+
+
+def _form_body(scope) -> bool:
+    """Whether the request's body is a form (an upload), which no route reads as JSON: every Content-Type header
+    it has (Starlette reads the first, so one form header beside a JSON one is not enough) names exactly a form
+    media type (a prefix is not enough: FastAPI reads `application/x-www-...+json` as JSON)."""
+    types = [value.split(b";", 1)[0].strip() for name, value in scope.get("headers") or []
+             if name.lower() == b"content-type"]  # case kept: Gradio's component route matches it as sent
+    return bool(types) and all(t in _FORM_TYPES for t in types)
 
 
 async def _refuse(scope, receive, send) -> None:

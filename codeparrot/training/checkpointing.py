@@ -38,7 +38,8 @@ import yaml
 from accelerate.utils import extract_model_from_parallel, load
 from safetensors.torch import load_file
 
-from codeparrot.atomic_io import atomic_write_json, atomic_write_text, fsync_path, fsync_tree
+from codeparrot.atomic_io import (atomic_write_json, atomic_write_text, fsync_tree, publish_dir,
+                                  remove_stale_temporaries)
 from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.repository.model import save_model_folder
 
@@ -107,6 +108,9 @@ def resolve_resume(resume: str | None, run_dir: str | os.PathLike, report=print)
     if resume is None:
         return None
     if resume == "auto":
+        root = checkpoints_root(run_dir)
+        for aside in sorted(root.glob(".step-*.old-*")) if root.is_dir() else []:  # `publish_dir` cut between renames
+            remove_stale_temporaries(root / aside.name[1:].split(".old-")[0])  # put back where step-N is missing
         found = list_checkpoints(run_dir)
         damaged = []
         for _, path in reversed(found):
@@ -305,26 +309,20 @@ def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, s
         atomic_write_json(tmp / STATE_FILE, asdict(state))
         write_manifest(tmp)  # last: it describes every file above
         fsync_tree(tmp)  # on disk before it is published (and before pruning removes the previous checkpoints)
-        if final.exists():  # re-saving a step (e.g. after resuming from it): swap atomically-enough
-            old = final.parent / f".{final.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        fsync_path(final.parent)  # the rename itself, before older checkpoints go
-        prune_checkpoints(run_dir, keep_last)
+        publish_dir(tmp, final)  # re-saving a step (after resuming from it) exchanges the two folders atomically
+        prune_checkpoints(run_dir, keep_last, state.step)
     accelerator.wait_for_everyone()
     return final
 
 
-def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
-    """Delete all but the `keep_last` most recent complete checkpoints; returns the removed folders. Also removes
-    what killed saves and deletes left (`.step-N.partial`, `.step-N.deleting`, each up to a checkpoint's size), also
-    at steps that are never saved again (a SIGTERM save cut by the SIGKILL after it): call it after a save, by the
-    one process that saves, when no other save is under way."""
-    found = list_checkpoints(run_dir)
+def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int, saved_step: int | None = None) -> list[Path]:
+    """Delete all but the `keep_last` most recent complete checkpoints up to `saved_step` (the one just written;
+    default: all); returns the removed folders. Later ones are left alone: a damaged checkpoint `--resume auto`
+    skipped would otherwise count as the newest and crowd out the run's new ones (it is replaced when the run
+    saves that step again). Also removes what killed saves and deletes left (`.step-N.partial`, `.step-N.deleting`,
+    each up to a checkpoint's size), also at steps that are never saved again (a SIGTERM save cut by the SIGKILL
+    after it): call it after a save, by the one process that saves, when no other save is under way."""
+    found = [(step, path) for step, path in list_checkpoints(run_dir) if saved_step is None or step <= saved_step]
     removed = [path for _, path in found[: max(0, len(found) - keep_last)]]
     for path in removed:
         # rename first so an interrupted delete never leaves a half-deleted folder that looks complete

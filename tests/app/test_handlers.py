@@ -105,3 +105,40 @@ def test_page_loads_leave_no_folder_per_chart(monkeypatch, tmp_path):
     charts = {data_summary(ws)[0] for _ in range(2)}
     left = list((tmp_path / "tmp").iterdir())
     assert len(charts) == 2 and len(left) <= 1, left
+
+
+@pytest.mark.parametrize("content_types, refused", [
+    ([b"application/json"], True),
+    ([b"application/json", b"multipart/form-data; boundary=x"], True),  # Starlette reads the first header
+    ([b"application/x-www-form-urlencoded+json"], True),  # FastAPI reads any application/...+json as JSON
+    ([b"multipart/form-data; boundary=x"], False),  # an upload: passed on unread
+])
+def test_a_file_given_as_a_url_is_refused_whatever_the_content_type_says(content_types, refused):
+    """The middleware skips only bodies that no route reads as JSON: a form header beside a JSON one, or a form
+    media type as a prefix of a JSON one, would otherwise let Gradio download the URL."""
+    import asyncio
+    import json
+
+    from codeparrot.app.offline import RefuseRemoteFiles
+
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    body = json.dumps({"data": [{"path": "https://example.org/x.py", "meta": {"_type": "gradio.FileData"}}]})
+    messages = [{"type": "http.request", "body": body.encode(), "more_body": False}]
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "query_string": b"",
+             "headers": [(b"content-type", value) for value in content_types]}
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(RefuseRemoteFiles(app)(scope, receive, send))
+    assert sent[0]["status"] == (403 if refused else 200) and bool(reached) is not refused

@@ -230,3 +230,32 @@ def test_a_run_of_bad_steps_goes_on_counting_across_a_resume(tiny, tmp_path):
     assert after.skipped == 2
     with pytest.warns(UserWarning), pytest.raises(CodeParrotError, match="3 steps in a row .* the first at step 2 "):
         after.check(4, torch.tensor(1.0), nan)
+
+
+def test_a_damaged_later_checkpoint_does_not_crowd_out_the_new_ones(tiny, tmp_path):
+    """`--resume auto` skips a damaged step-5 and resumes from step-1; the new saves must survive keep_last (the
+    damaged one, the highest step, used to count as the newest: the new ones were pruned and the next `auto` found
+    nothing usable). Re-saving a step exchanges the folders, and one set aside by a crash between two renames
+    (a filesystem without the exchange) is put back before `auto` looks."""
+    _save(tiny, tmp_path, 1, keep_last=1)
+    (_save(tiny, tmp_path, 5, keep_last=5) / "model.safetensors").write_bytes(b"damaged")
+    warnings = []
+    assert resolve_resume("auto", tmp_path, report=warnings.append) == tmp_path / "checkpoints" / "step-1"
+    assert "skipped step-5" in warnings[0]
+    _save(tiny, tmp_path, 2, keep_last=1)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 5]
+    assert resolve_resume("auto", tmp_path, report=warnings.append) == tmp_path / "checkpoints" / "step-2"
+    _save(tiny, tmp_path, 5, keep_last=1)  # the run reaches step 5: the damaged folder is replaced
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [5]
+    assert resolve_resume("auto", tmp_path, report=warnings.append) == tmp_path / "checkpoints" / "step-5"
+    root = tmp_path / "checkpoints"
+    os.rename(root / "step-5", root / f".step-5.old-{dead_owner()}")  # killed between the fallback's renames
+    assert resolve_resume("auto", tmp_path, report=warnings.append) == root / "step-5"
+
+
+def dead_owner() -> str:
+    """This machine with a pid that runs no process: a dead owner of this host (`atomic_io._owner`'s format)."""
+    from codeparrot import atomic_io
+
+    host = atomic_io._owner().split("-", 1)[0]
+    return f"{host}-{2**22 + 12345}"

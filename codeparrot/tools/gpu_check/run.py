@@ -72,8 +72,13 @@ def budget_alarm(deadline: float):
     try:
         yield
     finally:
-        armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        while True:  # an alarm landing before `armed` is cleared raises here: clean up all the same
+            try:
+                armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                break
+            except BudgetSpent:
+                continue
         signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
         if before[0] > 0:  # another alarm was pending: it keeps what was left of its delay
             signal.setitimer(signal.ITIMER_REAL, max(before[0] - (time.monotonic() - began), 1e-3), before[1])
@@ -194,8 +199,9 @@ def run_gpu_check(cfg: GpuCheckConfig, started: float | None = None) -> dict:
                     else {"result": result}
             except Exception as err:  # noqa: BLE001 - one stage's failure must not lose the others' figures
                 stopped = isinstance(err, BudgetSpent) or time.monotonic() >= run_deadline  # (maybe wrapped)
+                why = "" if isinstance(err, BudgetSpent) else f": {short_error(err)}"  # what ended it, if not the alarm
                 entry = {"skipped": f"{SKIPPED}: stopped after {time.perf_counter() - start:.0f} s of the stage "
-                                    f"(--minutes {cfg.minutes:g})"} if stopped else {"error": short_error(err)}
+                                    f"(--minutes {cfg.minutes:g}){why}"} if stopped else {"error": short_error(err)}
             entry.update(seconds=time.perf_counter() - start, date=date)
             if "skipped" in entry:
                 skip(results, stage, entry["skipped"], date)

@@ -212,7 +212,7 @@ class _ConstantLengthIterator:
         L = self.ds.seq_length
         n_full = len(tokens) // L * L
         self.pending, self.tail, self.pending_pos = tokens[:n_full], tokens[n_full:].copy(), 0
-        if self.ds.fim is not None:  # per sequence; one epoch per buffer (the loop above ends one at an epoch's end)
+        if self.ds.fim is not None:  # per sequence, drawn with this buffer's epoch (the carried tail's files included)
             self.pending = self.ds.fim.rearrange(self.ds.tokenizer, self.pending.reshape(-1, L), self.epoch,
                                                  self.ds.eos_id).reshape(-1)
         return True

@@ -359,6 +359,28 @@ def test_a_second_run_on_the_same_output_waits_for_the_first_naming_it(shards, t
     assert pretokenize(shards, tokenizer, out, progress=False)["reused"]
 
 
+def test_without_locks_the_run_goes_on_with_a_note_and_other_lock_failures_are_one_line(tmp_path, monkeypatch,
+                                                                                        capsys):
+    import errno
+
+    from codeparrot import file_lock
+    from codeparrot.training.datasets.pretokenize import _exclusive
+
+    def failing(code):
+        def flock(fd, op):
+            raise OSError(code, os.strerror(code))
+        return flock
+
+    monkeypatch.setattr(file_lock.fcntl, "flock", failing(errno.ENOLCK))  # NFS without its lock daemon
+    with _exclusive(tmp_path / "out"):
+        pass
+    assert f"note: cannot lock {tmp_path / '.out.lock'}" in capsys.readouterr().err
+    monkeypatch.setattr(file_lock.fcntl, "flock", failing(errno.EIO))
+    with pytest.raises(CodeParrotError, match=r"^cannot lock .*\.out\.lock: Input/output error$"):
+        with _exclusive(tmp_path / "out"):
+            pass
+
+
 def test_tokens_per_second_after_a_resume_counts_every_run_s_time(shards, tokenizer, tmp_path, monkeypatch,
                                                                   watched_tokenizer):
     """All the tokens over all the time spent on them (the printed line and the index say the same), not all the
