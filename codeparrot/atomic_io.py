@@ -74,23 +74,21 @@ def atomic_dir(final: str | os.PathLike, replace: bool = True) -> Iterator[Path]
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
-        replaced = _publish(tmp, final, replace)
+        publish_dir(tmp, final, replace)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # unpublished (or, after an exchange, the old folder it replaced)
         raise
+
+
+def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike, replace: bool = True) -> None:
+    """Make the finished folder `tmp` (on disk already) `final` (`_publish`), the renames flushed, the replaced
+    folder removed: `atomic_dir`'s end, and for folders that several processes write before one publishes them
+    (a training checkpoint)."""
+    tmp, final = Path(tmp), Path(final)
+    replaced = _publish(tmp, final, replace)
     fsync_path(final.parent)  # the renames themselves
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)  # a crash before this: the next run removes it (our name)
-
-
-def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Make the finished folder `tmp` (on disk already) `final`, replacing an existing one as `atomic_dir` does:
-    for folders that several processes write before one publishes them (a training checkpoint)."""
-    tmp, final = Path(tmp), Path(final)
-    replaced = _publish(tmp, final, replace=True)
-    fsync_path(final.parent)
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _publish(tmp: Path, final: Path, replace: bool) -> Path | None:

@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Callable, Iterator
 
+from codeparrot.errors import CodeParrotError
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock (the callers' other guards, e.g. git's compare-and-swap, remain)
@@ -28,14 +30,14 @@ def exclusive_lock(path: str | os.PathLike, holder: str, waiting: Callable[[str]
                    unsupported: Callable[[OSError], None] | None = None) -> Iterator[None]:
     """Hold an exclusive flock on `path` (created if missing) for the block, `holder` written into it. Where another
     process holds it, print `waiting(its holder line, "" if none)` on stderr, then wait. `remove`: unlink the file at
-    the end, while still locked (a waiter then sees that it locked a removed file, and locks the new one). An
-    OSError taking the lock (a filesystem without locks: some NFS mounts) is raised, or given to `unsupported` and
-    the block runs unlocked."""
+    the end, while still locked (a waiter then sees that it locked a removed file, and locks the new one). On a
+    filesystem without locks (`NO_LOCKS`: some NFS mounts) the error goes to `unsupported` (which says so) and the
+    block runs unlocked; any other failure to lock is a one-line error."""
     try:
         fd = _acquire(path, holder, waiting) if fcntl else None
     except OSError as err:
-        if unsupported is None:
-            raise
+        if unsupported is None or err.errno not in NO_LOCKS:
+            raise CodeParrotError(f"cannot lock {path}: {err.strerror or err}") from None
         unsupported(err)
         fd = None
     try:

@@ -155,11 +155,6 @@ def write_clusters(path: Path, clusters: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps({k: v for k, v in clusters.items() if k != "clusters"})[:-1] + ', "clusters": [')
         for i, cluster in enumerate(clusters["clusters"]):
-            line = json.dumps(cluster, ensure_ascii=False)
-            if not line.isascii():
-                try:
-                    line.encode("utf-8")
-                except UnicodeEncodeError:  # an input file name that is not UTF-8: written as \udcXX escapes
-                    line = json.dumps(cluster)
+            line = printable(json.dumps(cluster, ensure_ascii=False))  # a name that is not UTF-8: \udcXX escapes
             f.write(("\n  " if i == 0 else ",\n  ") + line)
         f.write("\n]}\n")

@@ -35,7 +35,7 @@ from typing import Iterator
 
 from codeparrot.atomic_io import atomic_dir
 from codeparrot.errors import CodeParrotError
-from codeparrot.file_lock import NO_LOCKS, exclusive_lock
+from codeparrot.file_lock import exclusive_lock
 from codeparrot.repository.base import (
     BranchInfo,
     CheckpointRepository,
@@ -229,10 +229,7 @@ class LocalGitRepository(CheckpointRepository):
 
     def _without_lock(self, lock: Path, err: OSError) -> None:
         """A filesystem without locks (NFS without its lock daemon): the writes go on, since git's compare-and-swap
-        of the branch (`update-ref` with the old value) still refuses a lost update; said once per repository.
-        Any other failure to lock is a one-line error."""
-        if err.errno not in NO_LOCKS:
-            raise CodeParrotError(f"cannot lock {lock}: {err.strerror or err}") from None
+        of the branch (`update-ref` with the old value) still refuses a lost update; said once per repository."""
         if not self._warned_no_locks:
             self._warned_no_locks = True
             print(f"note: {lock} cannot be locked here ({err.strerror}); writers of {self.ref} are not serialized "

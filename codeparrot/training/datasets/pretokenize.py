@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.data.records import iter_record_lines, resolve_data_files
 from codeparrot.errors import CodeParrotError
-from codeparrot.file_lock import NO_LOCKS, exclusive_lock
+from codeparrot.file_lock import exclusive_lock
 from codeparrot.repository.datasets import open_dataset_repository, publish_pretokenized
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.config import PretokenizeConfig
@@ -133,16 +133,8 @@ def _exclusive(output_dir: Path):
         lock_path, f"host {socket.gethostname()}, pid {os.getpid()}", remove=True,
         waiting=lambda holder: (f"waiting for the pretokenize run writing {output_dir} ({holder or 'a process'}, "
                                 f"holding {lock_path}): what it finishes is reused"),
-        unsupported=lambda err: _without_lock(lock_path, output_dir, err))
-
-
-def _without_lock(lock_path: Path, output_dir: Path, err: OSError) -> None:
-    """A filesystem without locks (some NFS mounts): the run goes on with a note; any other failure to lock is a
-    one-line error."""
-    if err.errno not in NO_LOCKS:
-        raise CodeParrotError(f"cannot lock {lock_path}: {err.strerror or err}") from None
-    print(f"note: cannot lock {lock_path} ({err.strerror}): make sure only one run writes {output_dir}",
-          file=sys.stderr)
+        unsupported=lambda err: print(f"note: cannot lock {lock_path} ({err.strerror}): make sure only one run "
+                                      f"writes {output_dir}", file=sys.stderr))
 
 
 def _cannot_write(err: OSError, path: Path, partial: Path) -> CodeParrotError:
