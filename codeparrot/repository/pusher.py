@@ -10,10 +10,10 @@ process removed it in between.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import logging
 import os
-import queue
 import shutil
 import tempfile
 import threading
@@ -92,25 +92,35 @@ class CheckpointPusher:
     Each commit's message gets a `CodeParrot-Run: BRANCH` trailer (its subject stays as given): which run pushed
     it, so a branch started from another run's branch tells its own checkpoints apart (`metrics.py`).
 
+    At most `max_waiting` pushes wait behind the one in flight: a staged push holds hard links to its checkpoint,
+    so pushes that queue up faster than the repository takes them (a slow upload, a long outage) would keep every
+    checkpoint keep_last has since deleted on disk. Past the bound the oldest waiting push is dropped with a
+    warning (`superseded` names it); the newest, e.g. the final checkpoint, is never the one dropped.
+
     The worker is a daemon thread: a process that exits without `wait()` loses the pushes still queued
     (`pending()` names them; their staging folders are removed by the next pusher, `remove_stale_staging`).
     """
 
     def __init__(self, repo_ref: str, branch: str, max_retries: int = 3, backoff_s: float = 2.0,
-                 from_revision: str = "main"):
+                 from_revision: str = "main", max_waiting: int = 2):
         """`from_revision`: where `branch` starts when it does not exist yet (the revision the run started from,
-        so the branch's history shows which model it continues)."""
+        so the branch's history shows which model it continues). `max_waiting` (≥ 1): pushes kept waiting behind
+        the one in flight."""
+        if max_waiting < 1:
+            raise CodeParrotError(f"max_waiting must be at least 1, got {max_waiting}")
         self.repo_ref, self.branch = str(repo_ref), validate_branch_name(branch)
         self.from_revision = str(from_revision)
-        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.max_retries, self.backoff_s, self.max_waiting = max_retries, backoff_s, max_waiting
         self.commits: list[str] = []  # commit ids of successful pushes, in order
+        self.superseded: list[str] = []  # messages of the pushes dropped for newer ones (`max_waiting`)
         self._errors: list[str] = []
         self._repo: CheckpointRepository | None = None
-        self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified whenever a push finishes
+        self._idle = threading.Condition(self._lock)  # notified whenever a push finishes or is dropped
+        self._work = threading.Condition(self._lock)  # notified whenever a push is queued
         self._pending: list[tuple[Path, str]] = []  # (staged folder, message) queued or in flight, in order
+        self._waiting: collections.deque[tuple[Path, str]] = collections.deque()  # queued, not yet in flight
         self._staging_lock = threading.Lock()  # creating a staging root and removing it never interleave
         self._staging_fds: dict[Path, int] = {}  # staged folder -> the fd holding its lock file's flock
         self._cleaned_roots: set[Path] = set()
@@ -126,12 +136,26 @@ class CheckpointPusher:
                 self._remove_staged(staged)
             self._fail(f"push {message!r} to {self.repo_ref}@{self.branch} not staged: {err}")
             return
+        dropped = []
         with self._lock:
             self._pending.append((staged, message))
-            self._queue.put((staged, message))
+            self._waiting.append((staged, message))
+            while len(self._waiting) > self.max_waiting:
+                dropped.append(self._waiting.popleft())
+                self._pending.remove(dropped[-1])
+                self.superseded.append(dropped[-1][1])
+            self._work.notify()
             if self._thread is None:  # one long-lived worker keeps the pushes in order
                 self._thread = threading.Thread(target=self._worker, name="codeparrot-pusher", daemon=True)
                 self._thread.start()
+        for old, old_message in dropped:  # outside the lock: removing a large staged folder takes a while
+            self._remove_staged(old)
+            logger.warning("push %r to %s@%s dropped: %d newer push(es) queued behind one still in flight (a slow "
+                           "or failing repository); its checkpoint stays local", old_message, self.repo_ref,
+                           self.branch, self.max_waiting)
+        if dropped:
+            with self._idle:
+                self._idle.notify_all()
 
     def wait(self, timeout: float | None = None) -> list[str]:
         """Block until every queued push has finished, or `timeout` seconds have passed (then `pending()` names
@@ -248,7 +272,10 @@ class CheckpointPusher:
 
     def _worker(self) -> None:
         while True:
-            staged, message = self._queue.get()
+            with self._work:
+                while not self._waiting:
+                    self._work.wait()
+                staged, message = self._waiting.popleft()
             try:
                 self._push_with_retries(staged, message)
             finally:
@@ -256,7 +283,6 @@ class CheckpointPusher:
                 with self._idle:
                     self._pending.remove((staged, message))
                     self._idle.notify_all()
-                self._queue.task_done()
 
     def _push_with_retries(self, staged: Path, message: str) -> None:
         last = ""

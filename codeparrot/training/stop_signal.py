@@ -43,9 +43,10 @@ class StopSignal:
         self.distributed = distributed
         self.received = False  # this process got SIGTERM
         self._pid = os.getpid()
-        # the last step's agreement: (its result in host memory, the event after its copy) and the tensors the
-        # asynchronous copies use, kept alive until they are done
+        # the last step's agreement: (its result in host memory, the event after its copy; None without one)
         self._pending: tuple | None = None
+        # CUDA: the flag in pinned host memory, on the device, and the result in pinned host memory
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._give_up: threading.Timer | None = None
 
     def install(self) -> "StopSignal":
@@ -87,18 +88,22 @@ class StopSignal:
             return self.received
         import torch.distributed as dist
 
-        agreed = self._read_pending()
-        flag = torch.tensor([int(self.received)], dtype=torch.int32)
+        agreed = self._read_pending()  # after it, the previous step's copies are done: their buffers are free
         if self.device.type == "cuda":
-            host = flag.pin_memory()  # pinned: the copies below do not wait for the stream to drain
-            on_device = host.to(self.device, non_blocking=True)
+            if self._buffers is None:  # allocated once: pinning host memory every step costs a host stall
+                self._buffers = (torch.empty(1, dtype=torch.int32, pin_memory=True),
+                                 torch.empty(1, dtype=torch.int32, device=self.device),
+                                 torch.empty(1, dtype=torch.int32, pin_memory=True))
+            host, on_device, result = self._buffers
+            host.fill_(int(self.received))  # pinned: the copies below do not wait for the stream to drain
+            on_device.copy_(host, non_blocking=True)
             dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
-            result = torch.empty(1, dtype=torch.int32, pin_memory=True)
             result.copy_(on_device, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self._pending = (result, event, host, on_device)
+            self._pending = (result, event)
         else:  # gloo: the collective completes before it returns
+            flag = torch.tensor([int(self.received)], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             self._pending = (flag, None)
         return agreed
@@ -106,7 +111,7 @@ class StopSignal:
     def _read_pending(self) -> bool:
         if self._pending is None:
             return False
-        result, event = self._pending[:2]
+        result, event = self._pending
         if event is not None:
             event.synchronize()  # the previous step's end on the device: passed already, unless the device lags
         return bool(result.item())

@@ -422,8 +422,8 @@ def test_staging_survives_the_root_being_removed_between_mkdir_and_staging(tmp_p
     assert pusher.wait() == [] and removed and len(pusher.commits) == 1
     monkeypatch.undo()
 
-    # and for real: many instant pushes race the worker's removal of the root
-    pusher = CheckpointPusher("instant", "exp", backoff_s=0)
+    # and for real: many instant pushes race the worker's removal of the root (none dropped for a newer one)
+    pusher = CheckpointPusher("instant", "exp", backoff_s=0, max_waiting=200)
     pusher._repo = InstantRepository()
     folders = [folder_with(ckpts, f"step-{i}", {"config.json": "{}"}) for i in range(2, 202)]
     for i, folder in enumerate(folders):
@@ -472,6 +472,34 @@ def test_pending_pushes_are_listed_and_wait_can_time_out(tmp_path):
     assert pusher.pending() == ["step 1", "step 2"] and len(errors) == 1 and "step 3" in errors[0]
     release.set()
     assert pusher.wait(timeout=30) == errors and pusher.pending() == [] and len(pusher.commits) == 2
+
+
+def test_pushes_queued_behind_a_slow_one_are_bounded_and_the_newest_is_kept(tmp_path, caplog):
+    """A repository slower than the saves: the oldest waiting push is dropped (its staged hard links with it, so
+    checkpoints keep_last deleted do not pile up on disk) and the newest, e.g. the final one, always goes out."""
+    release, started = threading.Event(), threading.Event()
+
+    class Slow(InstantRepository):
+        def commit_folder(self, folder, branch, message):
+            started.set()
+            assert release.wait(30)
+            return super().commit_folder(folder, branch, message)
+
+    pusher = CheckpointPusher("instant", "exp", backoff_s=0, max_waiting=2)
+    pusher._repo = repo = Slow()
+    ckpts = tmp_path / "ckpts"
+    pusher.push(folder_with(ckpts, "step-1", {"config.json": "{}"}), "step 1")
+    assert started.wait(30)  # step 1 in flight
+    for step in (2, 3, 4, 5):
+        pusher.push(folder_with(ckpts, f"step-{step}", {"config.json": "{}"}), f"step {step}")
+    assert pusher.pending() == ["step 1", "step 4", "step 5"] and pusher.superseded == ["step 2", "step 3"]
+    staged = sorted(p.name.rsplit("-", 1)[0] for p in (ckpts / ".codeparrot-push").iterdir() if p.is_dir())
+    assert staged == ["step-1", "step-4", "step-5"]  # the dropped pushes' links are gone
+    assert "push 'step 2' to instant@exp dropped" in caplog.text
+    release.set()
+    assert pusher.wait(timeout=30) == []
+    assert repo.messages == [with_run_mark(f"step {n}", "exp") for n in (1, 4, 5)]
+    assert not (ckpts / ".codeparrot-push").exists()
 
 
 # --- 8. two processes creating the same new repository ----------------------------------------------------------

@@ -219,12 +219,13 @@ def test_the_cuda_graph_row_runs_with_graphs_and_is_compared_with_its_eager_row(
     assert "speedup_vs_eager" not in rows[0] and "speedup_vs_eager" not in rows[1]
     assert "auto + CUDA graphs: 1.250× the eager row's tokens/s; largest logged-loss difference from it 0.05" in (
         "\n".join(_headline(rows)))
-    rows[2]["micro_batch"] = 24  # auto chose differently: another run, neither losses nor speed comparable
+    rows[2]["micro_batch"] = 24  # auto chose differently: what the flag gives a user, but other dropout draws
     del rows[2]["loss_max_abs_diff_vs_eager"], rows[2]["speedup_vs_eager"]
     compare_with_eager(rows)
-    assert "loss_max_abs_diff_vs_eager" not in rows[2] and "speedup_vs_eager" not in rows[2]
-    assert "not compared with the eager row: auto chose micro-batch 24 with CUDA graphs and 48 without" in (
-        "\n".join(_headline(rows)))
+    assert rows[2]["speedup_vs_eager"] == 1.25 and "loss_max_abs_diff_vs_eager" not in rows[2]
+    report = "\n".join(_headline(rows))
+    assert "auto + CUDA graphs: 1.250× the eager row's tokens/s; largest logged-loss difference from it n/a" in report
+    assert "auto chose micro-batch 24 with CUDA graphs and 48 without: losses not compared" in report
 
 
 def test_largest_fitting_walks_up_while_it_fits_and_down_while_not():

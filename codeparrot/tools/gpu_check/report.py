@@ -119,7 +119,7 @@ def _headline(rows: list[dict] | None) -> list[str]:
             lines += ["", f"{r['row']}: {_fmt(r.get('speedup_vs_eager'), 3)}× the eager row's tokens/s; largest "
                           f"logged-loss difference from it {'n/a' if diff is None else format(diff, '.3g')}"]
         if "not_compared" in r:
-            lines += ["", f"{r['row']}: not compared with the eager row: {r['not_compared']}"]
+            lines += ["", f"{r['row']}: {r['not_compared']}"]
         if r.get("log_tail"):
             lines += ["", f"{r['row']}, the end of its log:", "", "```", *r["log_tail"], "```"]
     return lines + [""]
