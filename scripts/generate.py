@@ -9,6 +9,11 @@ The prompt is EOS + the stripped prompt and a completion ends at EOS or at the f
 (\\nclass, \\ndef, \\n#, \\n@, \\nprint, \\nif), exactly as `scripts/human_eval.py` scores it, so what you see
 here is what HumanEval would execute. Sample 1 streams live; further samples are printed when done.
 
+Only these flags decide how tokens are drawn: settings a checkpoint's generation_config.json would add (a
+repetition penalty, no_repeat_ngram_size, min_new_tokens, beams, banned words...) are ignored, and a note on stderr
+names them. A special token the model writes inside a completion (a FIM sentinel, say) is shown as its text: it
+is part of what the model wrote, and HumanEval would execute it too.
+
 With --suffix or --suffix-file the model fills in the middle between the prompt and the suffix (fill-in-the-middle,
 docs/fim.md): it reads <fim_prefix> prompt <fim_suffix> suffix <fim_middle>, nothing stripped, and the middle ends
 at EOS or a FIM sentinel (never shown); the output is prompt + middle + suffix. The model's tokenizer must have

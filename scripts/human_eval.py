@@ -16,6 +16,12 @@ each program in its own sandboxed process (see codeparrot/sandbox/). Without it,
 the command that scores them is printed. Outputs: results.json (config, pass@k per temperature, best per
 k, per-task pass counts, execution statuses), <output>.samples.jsonl, <output>.executions.jsonl.
 
+What was sampled is pinned: the commit the revision named (a local repository, a Hub repository, or a clean clone
+used in place) and the dtype of the weights are recorded with the samples and in results.json, and a resumed
+run must match both. Only the flags decide how tokens are drawn (a checkpoint's generation_config.json is
+ignored, with a note naming what it set); a special token a completion holds is kept as its text, so it is
+executed as the model wrote it.
+
 --benchmark single-line / multi-line: HumanEval's infilling benchmarks (1,033 / 5,815 tasks derived from the
 canonical solutions): the model fills in the middle between a prompt and a suffix (fill-in-the-middle; its
 tokenizer needs the FIM tokens), a middle ends at EOS, and prompt + middle + suffix runs against the tests in the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from codeparrot.app.whole_number import whole_number
 from codeparrot.errors import CodeParrotError
 from codeparrot.loopback import is_loopback
 
@@ -86,11 +87,4 @@ def confined_folder(data_dir: Path | None, requested: str) -> Path:
 
 def bounded_steps(steps) -> int:
     """Batches per checkpoint: an integer in 1..MAX_EVAL_STEPS (never -1, "the whole dataset")."""
-    try:
-        value = float(steps)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not value.is_integer() or not 1 <= value <= MAX_EVAL_STEPS:
-        raise CodeParrotError(f"batches per checkpoint must be a whole number from 1 to {MAX_EVAL_STEPS}, "
-                              f"got {steps!r}")
-    return int(value)
+    return whole_number(steps, "batches per checkpoint", within=(1, MAX_EVAL_STEPS))

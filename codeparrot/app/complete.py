@@ -10,9 +10,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import closing
 from typing import Callable, TypeVar
 
 from codeparrot.app.pickers import revision_picker
+from codeparrot.app.whole_number import whole_number
 from codeparrot.app.workspace import Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.inference.completion import CompletionStreamer, build_prompt_ids, generate_completions
@@ -34,37 +36,54 @@ def fit_to_context(model, tokenizer, prompt: str, max_new_tokens: int) -> int:
 
 
 def exclusively(generate: Callable[[], T]) -> T:
-    """`generate()` under the generation lock. Every generation of the app (streamed or not, any tab) goes
-    through here: Gradio runs different events at the same time, and `generate_completions` seeds torch's
-    global RNG, so a seeded generation beside another one would not be reproducible."""
+    """`generate()` under the generation lock. Every generation of the app (any tab, all through
+    `stream_generation`) goes through here: Gradio runs different events at the same time, and
+    `generate_completions` seeds torch's global RNG, so a seeded generation beside another one would not be
+    reproducible."""
     with _GENERATION_LOCK:
         return generate()
 
 
-def whole_max_new_tokens(max_new_tokens: float | None) -> int:
-    """The max-new-tokens field as an int, or a one-line error when it is not a whole number."""
-    try:
-        whole = max_new_tokens is not None and float(max_new_tokens).is_integer()  # False for nan and inf
-    except (TypeError, ValueError):
-        whole = False
-    if not whole:
-        raise CodeParrotError(f"max new tokens must be a whole number, got {max_new_tokens}")
-    return int(max_new_tokens)
-
-
 def seed_or_none(seed: float | None) -> int | None:
     """The seed field's value: None (random) for an empty field or a negative number."""
-    return None if seed is None or seed < 0 else int(seed)
+    if seed is None:
+        return None
+    seed = whole_number(seed, "the seed")
+    return None if seed < 0 else seed
+
+
+class GenerationCancelled(Exception):
+    """Raised inside `generate()` once nobody waits for its text any more (`stream_generation`)."""
+
+
+class _CancellableStreamer(CompletionStreamer):
+    """A `CompletionStreamer` that ends `generate()` once `cancelled` is set: `generate()` calls `put` once per
+    new token, so raising there stops it after the token it is on (`generate_completions` takes no stopping
+    criteria, and a criterion would not be asked before the next forward pass either)."""
+
+    def __init__(self, tokenizer, cancelled: threading.Event, **kwargs):
+        super().__init__(tokenizer, **kwargs)
+        self.cancelled = cancelled
+
+    def put(self, value) -> None:
+        if self.cancelled.is_set():
+            raise GenerationCancelled("the request that wanted this text was cancelled or its client left")
+        super().put(value)
 
 
 def stream_generation(tokenizer, generate: Callable[[CompletionStreamer], list], name: str, **stops):
     """Run `generate(streamer)` on a thread, under the generation lock, while this generator yields
     `(piece, None)` for each decoded piece as it arrives and, last, `(None, completions)` (what `generate`
     returned). An error in the thread is raised here, in the request's thread. `stops`: the streamer's
-    `stop_strings` / `stop_ids`."""
+    `stop_strings` / `stop_ids`.
+
+    Closing this generator early stops the generation at its next token: Gradio closes a streaming handler's
+    generator when its client cancels (/cancel) or disconnects (`Queue.reset_iterators`), and a generation
+    left running would hold the lock, so everyone queued behind it, until max_new_tokens, for nobody."""
     pieces: queue.Queue = queue.Queue()
     outcome: dict = {}
-    streamer = CompletionStreamer(tokenizer, write=pieces.put, **stops)
+    cancelled = threading.Event()
+    streamer = _CancellableStreamer(tokenizer, cancelled, write=pieces.put, **stops)
 
     def run() -> None:
         try:
@@ -76,8 +95,13 @@ def stream_generation(tokenizer, generate: Callable[[CompletionStreamer], list],
 
     worker = threading.Thread(target=run, name=name, daemon=True)
     worker.start()
-    while (piece := pieces.get()) is not None:
-        yield piece, None
+    try:
+        while (piece := pieces.get()) is not None:
+            yield piece, None
+    finally:
+        # Only signal, never join here: Gradio closes the generator on its event loop, which must not wait for
+        # a forward pass. After a normal end the worker has finished, and this changes nothing.
+        cancelled.set()
     worker.join()
     if "error" in outcome:
         raise outcome["error"]
@@ -102,18 +126,22 @@ def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, 
     if prompt is None or not prompt.strip():
         raise CodeParrotError("the prompt is empty; type the start of a function to complete")
     ws.check_text(prompt, "prompt")
-    max_new_tokens = whole_max_new_tokens(max_new_tokens)
+    max_new_tokens = whole_number(max_new_tokens, "max new tokens")
+    seed = seed_or_none(seed)  # refused before the model loads
     model, tokenizer, label = ws.model(branch, checkpoint)
     max_new_tokens = fit_to_context(model, tokenizer, prompt, max_new_tokens)
     start = time.perf_counter()
     text = prompt
-    for piece, completions in stream_generation(
+    # closing(): when Gradio closes this generator (cancel, disconnect), the generation stops now, not at garbage
+    # collection
+    with closing(stream_generation(
             tokenizer, lambda streamer: generate_completions(
                 model, tokenizer, prompt, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                top_p=float(top_p), seed=seed_or_none(seed), streamer=streamer), name="codeparrot-complete"):
-        if completions is None:
-            text += piece
-            yield text, f"generating with {label} …"
+                top_p=float(top_p), seed=seed, streamer=streamer), name="codeparrot-complete")) as stream:
+        for piece, completions in stream:
+            if completions is None:
+                text += piece
+                yield text, f"generating with {label} …"
     done = completions[0]
     yield prompt + done.text, (f"{label} · {done.num_tokens} tokens in {time.perf_counter() - start:.1f} s · ended by "
                                f"{done.stop_reason}")

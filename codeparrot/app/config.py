@@ -10,6 +10,11 @@ from codeparrot.app.access import check_exposure, parse_credentials
 from codeparrot.config import REQUIRED, doc
 from codeparrot.errors import CodeParrotError
 
+# Requests that may wait at once, all buttons and page loads together (a page load queues two or three).
+# Generations run one at a time and take seconds each: 32 waiting is minutes of wait already, and each waiting
+# request holds its inputs (up to --max-upload-kb) in memory.
+DEFAULT_MAX_QUEUE = 32
+
 
 @dataclass
 class AppConfig:
@@ -29,6 +34,9 @@ class AppConfig:
     cache_gb: float = doc(4.0, "memory bound of the loaded-models cache in GiB (least recently used models leave "
                                "first; default 4)")
     max_upload_kb: int = doc(1000, "largest code a user may paste or upload, in KB (default 1000)")
+    max_queue: int = doc(DEFAULT_MAX_QUEUE, "requests that may wait at once, all users, buttons and page loads "
+                                            "together (one runs per button); more are refused at once with "
+                                            f"'queue full' (default {DEFAULT_MAX_QUEUE})")
     device: str = doc("auto", "cpu, cuda, ... (default: cuda when available)")
     auth: str | None = doc(None, "require a login USER:PASS (Gradio's login page; every page and API call needs "
                                  "it); visible to other users of this machine in the process list: prefer "
@@ -41,8 +49,8 @@ class AppConfig:
         for flag, value in (("--data-dir", self.data_dir), ("--runs-dir", self.runs_dir)):
             if value is not None and not Path(value).is_dir():
                 raise CodeParrotError(f"{flag} {value}: not a folder")
-        if self.cache_gb <= 0 or self.max_upload_kb <= 0:
-            raise CodeParrotError("--cache-gb and --max-upload-kb must be positive")
+        if self.cache_gb <= 0 or self.max_upload_kb <= 0 or self.max_queue <= 0:
+            raise CodeParrotError("--cache-gb, --max-upload-kb and --max-queue must be positive")
         check_exposure(self.host, self.credentials(), self.allow_unauthenticated)
 
     def credentials(self) -> list[tuple[str, str]] | None:

@@ -7,10 +7,13 @@ completed by two checkpoints) and `/promote` (a checkpoint becomes `main`; refus
 
 from __future__ import annotations
 
+from contextlib import closing
+
 from codeparrot.app.access import MAX_EVAL_STEPS
-from codeparrot.app.complete import EXAMPLE_PROMPT, exclusively, fit_to_context, whole_max_new_tokens
+from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context, stream_generation
 from codeparrot.app.losses import computed_losses, logged_losses
 from codeparrot.app.pickers import branch_names, revision_picker
+from codeparrot.app.whole_number import whole_number
 from codeparrot.app.workspace import CHARTS, Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.inference.completion import generate_completions
@@ -68,23 +71,32 @@ def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | 
 
 
 def compare(ws: Workspace, prompt: str, branch_a: str, ckpt_a: str, branch_b: str, ckpt_b: str,
-            temperature: float, max_new_tokens: float, seed: float) -> tuple[str, str, str]:
-    """The same prompt completed by two checkpoints with the same sampling settings and seed."""
+            temperature: float, max_new_tokens: float, seed: float):
+    """The same prompt completed by two checkpoints with the same sampling settings and seed: yields (A, B,
+    status) as A, then B, streams. Streamed like the Complete tab so that a client that cancels or leaves stops
+    the generation (`stream_generation`) instead of holding the generation lock through two of them."""
     if prompt is None or not prompt.strip():
         raise CodeParrotError("the prompt is empty; type the start of a function to complete")
     ws.check_text(prompt, "prompt")
-    max_new_tokens = whole_max_new_tokens(max_new_tokens)
-    if seed is None or not float(seed).is_integer():
-        raise CodeParrotError(f"the seed must be a whole number (both checkpoints sample with it), got {seed}")
-    outs, labels = [], []
-    for branch, ckpt in ((branch_a, ckpt_a), (branch_b, ckpt_b)):
+    max_new_tokens = whole_number(max_new_tokens, "max new tokens")
+    seed = whole_number(seed, "the seed", why=" (both checkpoints sample with it)")
+    outs, labels = ["", ""], []
+    for side, (branch, ckpt) in enumerate(((branch_a, ckpt_a), (branch_b, ckpt_b))):
         model, tokenizer, label = ws.model(branch, ckpt)
         fitted = fit_to_context(model, tokenizer, prompt, max_new_tokens)
-        done = exclusively(lambda: generate_completions(model, tokenizer, prompt, max_new_tokens=fitted,
-                                                        temperature=float(temperature), seed=int(seed)))[0]
-        outs.append(prompt + done.text)
+        outs[side] = prompt
+        with closing(stream_generation(  # closed with this generator: a cancelled request stops the generation
+                tokenizer, lambda streamer: generate_completions(
+                    model, tokenizer, prompt, max_new_tokens=fitted, temperature=float(temperature), seed=seed,
+                    streamer=streamer), name="codeparrot-compare")) as stream:
+            for piece, completions in stream:
+                if completions is None:
+                    outs[side] += piece
+                    yield outs[0], outs[1], f"generating with {label} …"
+        done = completions[0]
+        outs[side] = prompt + done.text
         labels.append(f"{label}: {done.num_tokens} tokens, ended by {done.stop_reason}")
-    return outs[0], outs[1], " · ".join(labels)
+    yield outs[0], outs[1], " · ".join(labels)
 
 
 def promote(ws: Workspace, branch: str, checkpoint: str, confirmed: bool) -> tuple[str, list[list]]:
@@ -165,7 +177,7 @@ def build_experiments_tab(ws: Workspace) -> list[tuple]:
 
     @guarded(loaded("", ""))
     def compare_both(prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed):
-        return compare(ws, prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed)
+        yield from compare(ws, prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed)
 
     @guarded(lambda line: (line, gr.skip()))
     def promote_checkpoint(branch, checkpoint, confirmed):

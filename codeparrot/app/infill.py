@@ -11,9 +11,11 @@ growing in place as the middle streams, and the middle alone. A checkpoint whose
 from __future__ import annotations
 
 import time
+from contextlib import closing
 
-from codeparrot.app.complete import sampling_controls, seed_or_none, stream_generation, whole_max_new_tokens
+from codeparrot.app.complete import sampling_controls, seed_or_none, stream_generation
 from codeparrot.app.pickers import revision_picker
+from codeparrot.app.whole_number import whole_number
 from codeparrot.app.workspace import Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.fim.prompt import fim_prompt_ids
@@ -38,7 +40,8 @@ def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoin
                   top_p: float, max_new_tokens: float, seed: float | None):
     """Yield (before + middle so far + after, middle so far, status line) until the middle is final."""
     before, after = _check_input(ws, before, after)
-    max_new_tokens = whole_max_new_tokens(max_new_tokens)
+    max_new_tokens = whole_number(max_new_tokens, "max new tokens")
+    seed = seed_or_none(seed)  # refused before the model loads
     model, tokenizer, label = ws.model(branch, checkpoint)
     room = model_context(model) - len(fim_prompt_ids(tokenizer, before, after, WHAT))  # FIM tokens checked here
     if room < 1:
@@ -48,14 +51,15 @@ def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoin
     stop_strings, stop_ids = infill_stops(tokenizer, WHAT)
     start = time.perf_counter()
     middle = ""
-    for piece, completions in stream_generation(
+    with closing(stream_generation(  # closed with this generator: a cancelled request stops the generation
             tokenizer, lambda streamer: generate_completions(
                 model, tokenizer, before, max_new_tokens=max_new, temperature=float(temperature),
-                top_p=float(top_p), seed=seed_or_none(seed), streamer=streamer, suffix=after),
-            name="codeparrot-infill", stop_strings=stop_strings, stop_ids=stop_ids):
-        if completions is None:
-            middle += piece
-            yield before + middle + after, middle, f"filling in with {label} …"
+                top_p=float(top_p), seed=seed, streamer=streamer, suffix=after),
+            name="codeparrot-infill", stop_strings=stop_strings, stop_ids=stop_ids)) as stream:
+        for piece, completions in stream:
+            if completions is None:
+                middle += piece
+                yield before + middle + after, middle, f"filling in with {label} …"
     done = completions[0]
     yield before + done.text + after, done.text, (f"{label} · middle of {done.num_tokens} tokens in "
                                                   f"{time.perf_counter() - start:.1f} s · ended by {done.stop_reason}")

@@ -1,8 +1,12 @@
 """The app's page (five tabs) and its server: `build_app` makes the Blocks, `start` serves it without blocking.
 
 Everything Gradio could contact beyond loopback is off (`codeparrot.app.offline`); the server binds the given
-host (127.0.0.1 by default; any other needs a login or --allow-unauthenticated: codeparrot/app/access.py). Requests queue per event (Gradio's default, one at a time per button), and one
-request's failure is a one-line status in the page (`codeparrot.app.workspace.guarded`).
+host (127.0.0.1 by default; any other needs a login or --allow-unauthenticated: codeparrot/app/access.py).
+Requests queue per event (Gradio's default, one at a time per button), and one request's failure is a one-line
+status in the page (`codeparrot.app.workspace.guarded`). At most `max_queue` requests wait at once (all buttons
+and page loads together): a burst beyond gets Gradio's "queue full" error at once, rather than waits and memory
+without bound. A streamed generation whose client cancels or disconnects stops at its next token
+(`codeparrot.app.complete.stream_generation`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 
 from codeparrot.app.access import check_exposure
 from codeparrot.app.complete import build_complete_tab
-from codeparrot.app.config import AppConfig
+from codeparrot.app.config import DEFAULT_MAX_QUEUE, AppConfig
 from codeparrot.app.data import build_data_tab
 from codeparrot.app.experiments import build_experiments_tab
 from codeparrot.app.highlight import build_highlight_tab
@@ -61,16 +65,18 @@ def check_port(host: str, port: int) -> None:
 
 
 def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860, auth: list[tuple[str, str]] | None = None,
-          allow_unauthenticated: bool = False):
+          allow_unauthenticated: bool = False, max_queue: int = DEFAULT_MAX_QUEUE):
     """Serve the app in background threads; returns (blocks, local URL). `blocks.close()` stops it.
     `auth`: [(user, password)] for Gradio's login; without it only a loopback `host` is served, unless
-    `allow_unauthenticated` (codeparrot/app/access.py)."""
+    `allow_unauthenticated` (codeparrot/app/access.py). `max_queue`: requests that may wait at once."""
     if not 1 <= port <= 65535:
         raise CodeParrotError(f"--port must be in 1..65535, got {port}")
+    if max_queue < 1:
+        raise CodeParrotError(f"--max-queue must be at least 1, got {max_queue}")
     check_exposure(host, auth, allow_unauthenticated)
     check_port(host, port)
     demo = build_app(ws)
-    demo.queue(default_concurrency_limit=1)
+    demo.queue(default_concurrency_limit=1, max_size=max_queue)
     # Gradio refuses larger uploads before they reach a handler; the handler's own limit gives the message.
     _, url, _ = demo.launch(**launch_kwargs(host, port), max_file_size=4 * ws.max_upload_bytes + 65536,
                             css=CSS, allowed_paths=[], auth=auth)
@@ -84,7 +90,8 @@ def serve(cfg: AppConfig) -> None:
                    runs_dir=Path(cfg.runs_dir) if cfg.runs_dir else None,
                    max_upload_bytes=cfg.max_upload_kb * 1000,
                    cache=ModelCache(int(cfg.cache_gb * 2**30), device=cfg.device))
-    demo, url = start(ws, cfg.host, cfg.port, auth=cfg.credentials(), allow_unauthenticated=cfg.allow_unauthenticated)
+    demo, url = start(ws, cfg.host, cfg.port, auth=cfg.credentials(), allow_unauthenticated=cfg.allow_unauthenticated,
+                      max_queue=cfg.max_queue)
     print(f"CodeParrot app for {cfg.model} at {url} (Ctrl-C stops it)", flush=True)
     try:
         threading.Event().wait()

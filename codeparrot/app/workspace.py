@@ -51,7 +51,7 @@ class Workspace:
     def model(self, branch: str | None, checkpoint: str | None):
         """(model, tokenizer, label) for a picker's choice, from the cache when already loaded."""
         branch, commit = self.resolve(branch, checkpoint)
-        model, tokenizer = self.cache.get(self.ref, branch, commit)
+        model, tokenizer = self.cache.get(self.ref, commit)
         return model, tokenizer, f"{branch}@{commit[:12]}"
 
     def check_text(self, text: str | None, what: str) -> str:

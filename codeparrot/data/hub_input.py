@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codeparrot.data.records import BadRecords, Location, iter_raw_records, parse_line, resolve_data_files
+from codeparrot.data.records import (
+    MAX_RECORD_BYTES,
+    TOO_LARGE,
+    BadRecords,
+    Location,
+    iter_raw_records,
+    parse_line,
+    resolve_data_files,
+    too_large,
+)
 from codeparrot.errors import CodeParrotError, first_line
 
 HUB_PREFIX = "hf://datasets/"
@@ -119,17 +128,21 @@ def iter_hub_lines(hub: HubInput, shard: int | None = None, num_shards: int = 1
         raise _stream_error(hub, err) from None
 
 
-def iter_input_records(inputs: Iterable[Path | HubInput], text_column: str, bad: BadRecords
-                       ) -> Iterator[tuple[bytes, dict[str, Any], str, Location]]:
+def iter_input_records(inputs: Iterable[Path | HubInput], text_column: str, bad: BadRecords,
+                       max_line_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[bytes, dict[str, Any], str, Location]]:
     """(raw line, record, text, location) of every valid record of every input, in order (`iter_raw_records`
-    for files); bad records are counted in `bad`, an empty split as an `empty file`."""
+    for files); bad records are counted in `bad`, an empty split as an `empty file`, a line (or row) over
+    `max_line_bytes` as `record too large`."""
     for item in inputs:
         if not isinstance(item, HubInput):
-            yield from iter_raw_records([item], text_column, bad)
+            yield from iter_raw_records([item], text_column, bad, max_line_bytes)
             continue
         rows = 0
         for line, where in iter_hub_lines(item):
             rows += 1
+            if len(line) > max_line_bytes:  # `datasets` holds the row already: refused as a file's line would be
+                bad.add(TOO_LARGE, where, too_large(len(line), max_line_bytes))
+                continue
             parsed = parse_line(line, where, text_column, bad)
             if parsed is not None:
                 yield line, parsed[0], parsed[1], where

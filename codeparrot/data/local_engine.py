@@ -171,7 +171,7 @@ def _pass1(cfg: PreprocessConfig, paths: list[Path | HubInput], bad: BadRecords,
         watchdog.beat(watchdog.progress + len(chunk))  # records done
         bar.set_postfix_str(f"{totals.bytes_in / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
 
-    records = iter_input_records(paths, cfg.text_column, bad)
+    records = iter_input_records(paths, cfg.text_column, bad, cfg.max_record_bytes)
     while True:
         t = time.thread_time()
         chunk, size = [], 0  # (raw line, text, location, copies), closed at chunk_files files or chunk_bytes chars

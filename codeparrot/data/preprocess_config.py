@@ -14,6 +14,7 @@ from typing import Literal
 from codeparrot.config import doc
 from codeparrot.config_flags import given_fields, parse_config
 from codeparrot.data.filters import FilterConfig
+from codeparrot.data.records import MAX_RECORD_BYTES
 from codeparrot.errors import CodeParrotError
 
 
@@ -106,6 +107,9 @@ class PreprocessConfig:
     ray_block_records: int = doc(512, "with --engine ray: lines per read block, and so per parse and filter task (a "
                                  "block also closes at 16 MiB of lines); the output is identical for every value",
                                  cli=False)
+    max_record_bytes: int = doc(MAX_RECORD_BYTES, "longest input line (JSON record) read, in bytes; a longer one (a "
+                                "corrupt export, a file without line breaks) is read through in bounded pieces and "
+                                "counted as a bad record, `record too large`", cli=False)
     stall_minutes: float = doc(30.0, "stall watchdog: when no batch of records completes for this many minutes (an "
                                "input that stopped answering, a hung worker), the stacks of every thread go to "
                                "OUTPUT_DIR.stall.log and the run stops with one line, exit status 75; 0 = off. The local engine's reading "
@@ -144,6 +148,8 @@ class PreprocessConfig:
             raise CodeParrotError(f"--ray-clustering must be driver or distributed, got {self.ray_clustering!r}")
         if self.ray_clustering == "distributed" and self.engine != "ray":
             raise CodeParrotError("--ray-clustering distributed needs --engine ray")
+        if self.max_record_bytes < 1:
+            raise CodeParrotError(f"max_record_bytes must be >= 1, got {self.max_record_bytes}")
         if self.ray_block_records < 1:
             raise CodeParrotError(f"ray_block_records must be >= 1, got {self.ray_block_records}")
         self.filters.validate()

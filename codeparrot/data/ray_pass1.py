@@ -115,7 +115,7 @@ def _feed_blocks(cfg: PreprocessConfig, units: list[dict], cpus: int, out: queue
         parse = ray_task(parse_lines, 2)
         groups = read_groups(units)
         readers = max(1, cpus // _CPUS_PER_READER)
-        generators = [read.remote(group, cfg.ray_block_records) for group in groups[:readers]]
+        generators = [read.remote(group, cfg.ray_block_records, cfg.max_record_bytes) for group in groups[:readers]]
         for g, group in enumerate(groups):
             for lines in generators[g]:
                 while not in_flight.acquire(timeout=0.2):
@@ -127,7 +127,7 @@ def _feed_blocks(cfg: PreprocessConfig, units: list[dict], cpus: int, out: queue
             out.put(("units", [int(unit["unit"]) for unit in group]))
             generators[g] = None  # finished: nothing to cancel
             if g + readers < len(groups):
-                generators.append(read.remote(groups[g + readers], cfg.ray_block_records))
+                generators.append(read.remote(groups[g + readers], cfg.ray_block_records, cfg.max_record_bytes))
         out.put(None)
     except BaseException as err:  # noqa: BLE001 - handed to the driver's thread, which raises it
         out.put(err)

@@ -25,7 +25,7 @@ from codeparrot.data.hub_input import HubInput, hub_num_shards, iter_hub_lines
 from codeparrot.data.licenses import LicenseFilter
 from codeparrot.data.preprocess_stats import Totals, utf8_len
 from codeparrot.data.record_work import record_signals
-from codeparrot.data.records import BadRecords, Location, iter_lines, parse_line
+from codeparrot.data.records import MAX_RECORD_BYTES, TOO_LARGE, BadRecords, Location, iter_lines, parse_line, too_large
 
 LINE_BITS = 40  # id = unit << 40 | row: up to 2^40 rows per unit, 2^23 units
 _BLOCK_BYTES = 16 << 20  # a read block closes at this many bytes of lines (bounded task memory)
@@ -69,10 +69,12 @@ def read_groups(units: list[dict[str, Any]], group_bytes: int = _GROUP_BYTES) ->
     return groups
 
 
-def read_lines(units: list[dict[str, Any]], block_records: int) -> Iterator[Any]:
+def read_lines(units: list[dict[str, Any]], block_records: int,
+               max_line_bytes: int = MAX_RECORD_BYTES) -> Iterator[Any]:
     """Ray streaming-generator task: the lines of a read group (`read_groups`), in order, in blocks of at most
     `block_records` lines and about `_BLOCK_BYTES` bytes (a block may span the group's files): a pyarrow table of
-    (id, raw line, "", "") per line, and a row with its reason and detail per damaged or empty file. Only
+    (id, raw line, "", "") per line, and a row with its reason and detail per damaged or empty file and per line
+    over `max_line_bytes` (read through in bounded pieces by `records.iter_lines`, as on the local engine). Only
     decompression and line splitting happen here; parsing is `parse_lines`, in parallel tasks. A unit that fails
     mid-stream (a Hub shard) first yields the lines read before the failure, as the local engine has seen them."""
     import pyarrow as pa
@@ -89,12 +91,15 @@ def read_lines(units: list[dict[str, Any]], block_records: int) -> Iterator[Any]
         for unit in units:
             unit_id = int(unit["unit"])
             if unit["path"]:
-                lines = iter_lines([Path(unit["path"])], Recorder())
+                lines = iter_lines([Path(unit["path"])], Recorder(), max_line_bytes)
             else:
                 hub = HubInput(unit["dataset_id"], unit["split"], unit["revision"] or None)
                 n = int(unit["num_shards"])
                 lines = iter_hub_lines(hub, int(unit["shard"]) if n > 1 else None, n)
             for line, where in lines:
+                if len(line) > max_line_bytes:  # a Hub row (a file's long lines are events of iter_lines)
+                    rows.append((unit_id, where.line, b"", TOO_LARGE, too_large(len(line), max_line_bytes)))
+                    continue
                 rows.append((unit_id, where.line, line, "", ""))
                 size += len(line)
                 if len(rows) >= block_records or size >= _BLOCK_BYTES:

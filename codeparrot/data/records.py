@@ -1,4 +1,4 @@
-"""JSON-lines records: which files a path names, one line iterator, one parser, and the bad-line policy.
+"""JSON-lines records: one line iterator, one parser, and the bad-line policy (which files: `record_paths`).
 
 Every stage that reads records uses these rules: preprocess (`--input`), train_tokenizer and pretokenize
 (`--dataset`), and the training/validation datasets (`data.train`, `data.valid`). The BigQuery export is one
@@ -6,17 +6,8 @@ JSON object per line with `repo_name, path, copies, size, content, license`; onl
 by default) is required, other fields pass through untouched. Files are streamed line by line (never loaded
 whole), so memory does not grow with the export (180 GB for the real one).
 
-Which files (`resolve_data_files`): each spec is a file, a folder or a glob, in the order given.
-- a file named explicitly is read whatever its suffix;
-- a folder contributes its `.json`, `.jsonl`, `.json.gz` and `.jsonl.gz` files, searched recursively, sorted;
-  hidden files and folders are skipped (an unfinished output's `.name.tmp-*`, a pretokenize `.x.partial`);
-- a glob (`**` allowed) contributes the data files it matches, and the folders it matches as above;
-- a preprocess output root (a folder with `train/` and/or `valid/` inside) is never read whole, which would
-  mix the splits (and its `stats.json`): with `split="train"` it stands for its `train/` folder, otherwise
-  it is a one-line error asking for one split; one found inside a folder (`stats.json` beside a split folder)
-  is a one-line error too.
-A file named twice (say by a folder and a glob) is read once. Missing paths, globs or folders without data
-files, and unreadable files or folders are one-line `CodeParrotError`s naming the path.
+Which files a path names (`resolve_data_files`: files, folders, globs, preprocess output roots) lives in
+`codeparrot.data.record_paths`; its names are re-exported here.
 
 Lines (`iter_record_lines`, the one line iterator): a damaged file raises `DamagedFile` (a `CodeParrotError`
 with a reason) after the lines before the damage. What a line holds (`parse_record_line`): one JSON object
@@ -36,6 +27,10 @@ each reason so the user can look at an example. The reasons:
 - `duplicate key`: when counting, an object with a key twice (`{"content": "a", "content": "b"}`): readers
   disagree on which value counts, and `datasets` refuses the line (the training stream takes the last one)
 - `NUL bytes`: a raw NUL byte in the line or `\\u0000` in the text (binary files that slipped in)
+- `number out of range`: when counting, a number no 64-bit column holds (`"size": 1e400`, which Python reads as
+  inf, or an integer past int64): `datasets` fails on the first and makes the second an inexact float
+- `record too large`: a line over `MAX_RECORD_BYTES` (64 MiB; preprocess's `max_record_bytes`): a corrupt
+  export or a file without line breaks; read through in bounded pieces, never held whole
 - `empty file`: an input file without a single record
 - `truncated gzip` / `corrupt gzip`: the compressed stream ends early or is damaged; the rest of the file
   is lost, the lines before it are kept
@@ -44,114 +39,27 @@ each reason so the user can look at an example. The reasons:
 
 from __future__ import annotations
 
-import glob
 import gzip
 import json
+import math
 import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, NamedTuple
 
+from codeparrot.data.record_paths import (  # noqa: F401 - re-exported: every stage imports them from here
+    DATA_SUFFIXES,
+    SPLITS,
+    is_data_file,
+    resolve_data_files,
+    split_files_for,
+    split_folders,
+)
 from codeparrot.errors import CodeParrotError
 
-DATA_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-SPLITS = ("train", "valid")  # the subfolders of a preprocess output root
 READ_ERRORS = (OSError, EOFError, zlib.error)  # a missing/unreadable file, a truncated or corrupt gzip stream
 UTF8_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, written by some Windows tools
-
-
-# --- which files ----------------------------------------------------------------------------------------------
-def is_data_file(path: Path) -> bool:
-    """A regular file or a named pipe (a stream another program writes) with one of the data suffixes."""
-    return path.name.endswith(DATA_SUFFIXES) and (path.is_file() or path.is_fifo())
-
-
-def _unreadable_folder(err: OSError) -> None:
-    raise CodeParrotError(f"input folder is not readable: {err.filename} ({err.strerror or err})")
-
-
-def _files_under(folder: Path) -> list[Path]:
-    """Data files below `folder` (recursively), sorted; hidden files and folders are skipped. A preprocess output
-    root below it is an error, as `folder` itself would be: read whole it mixes its splits and its `stats.json`
-    (an `--output-dir` inside an input folder would be read back by the next run)."""
-    found = []
-    # A folder that cannot be listed is a one-line error, never a silent hole in the input (os.walk skips it).
-    for root, dirs, files in os.walk(folder, onerror=_unreadable_folder):  # links to folders are not followed
-        here = Path(root)
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in dirs:
-            nested = here / name
-            if os.path.isfile(nested / "stats.json") and split_folders(nested):
-                raise CodeParrotError(f"{folder} holds a preprocess output, {nested}: pass its "
-                                      f"{' or '.join(split_folders(nested))} folder on its own, or move it out")
-        found += [here / f for f in files if not f.startswith(".") and is_data_file(here / f)]
-    return sorted(found)
-
-
-def split_folders(folder: str | os.PathLike) -> dict[str, Path]:
-    """{split: folder} of the `train/` and `valid/` subfolders of a preprocess output root (empty otherwise)."""
-    folder = Path(folder)
-    return {name: folder / name for name in SPLITS if os.path.isdir(folder / name)}  # False where unreadable
-
-
-def split_files_for(spec: str | os.PathLike, split: str) -> list[Path] | None:
-    """The data files of the `split` folder that goes with the folder `spec`: `spec/split` for a preprocess output
-    root, the sibling `../split` when `spec` is another split folder (e.g. valid/ next to train/); None when there
-    is no such folder or it holds no data files."""
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        return None
-    candidates = [path / split]
-    if path.name in SPLITS and path.name != split:
-        candidates.insert(0, path.parent / split)
-    folder = next((c for c in candidates if c.is_dir()), None)
-    return (_files_under(folder) or None) if folder is not None else None
-
-
-def _folder_files(folder: Path, split: str | None, required: bool) -> list[Path]:
-    splits = split_folders(folder)
-    if splits:
-        if split not in splits:
-            first = next(iter(splits))
-            raise CodeParrotError(f"{folder} is a preprocess output with subfolders {', '.join(splits)}: pass one "
-                                  f"of them (e.g. {folder / first})")
-        folder = splits[split]
-    found = _files_under(folder)
-    if not found and required:
-        raise CodeParrotError(f"no input files ({', '.join(DATA_SUFFIXES)}) in {folder}")
-    return found
-
-
-def resolve_data_files(specs: str | os.PathLike | Iterable[str | os.PathLike], split: str | None = None) -> list[Path]:
-    """Expand files, folders and globs (module docstring) into a de-duplicated file list: each spec's files
-    sorted, specs in the order given. `split` ("train" or "valid"): what a preprocess output root stands for."""
-    specs = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
-    if not specs:
-        raise CodeParrotError("no input given (a file, folder or glob of .json/.jsonl(.gz) files)")
-    files: list[Path] = []
-    for spec in map(os.fspath, specs):
-        path = Path(spec).expanduser()
-        if path.is_dir():
-            found = _folder_files(path, split, required=True)
-        elif path.is_file() or path.is_fifo():
-            found = [path]
-        elif glob.has_magic(spec):
-            found = []
-            for match in map(Path, sorted(glob.glob(os.path.expanduser(spec), recursive=True))):
-                if match.is_dir():
-                    found.extend(_folder_files(match, split, required=False))
-                elif is_data_file(match):
-                    found.append(match)
-            if not found:
-                raise CodeParrotError(f"no input files match {spec} (looking for {', '.join(DATA_SUFFIXES)})")
-        else:
-            raise CodeParrotError(f"input not found: {spec} (the path does not exist)")
-        for p in found:
-            if not os.access(p, os.R_OK):
-                raise CodeParrotError(f"input file is not readable: {p}")
-        files.extend(found)
-    return list(dict.fromkeys(files))  # a file named twice (folder + glob) is read once, first place kept
 
 
 # --- reading lines --------------------------------------------------------------------------------------------
@@ -177,12 +85,55 @@ def _damage_reason(err: BaseException) -> tuple[str, str]:
     return "unreadable file", getattr(err, "strerror", None) or str(err)
 
 
-def iter_record_lines(path: str | os.PathLike, start_line: int = 0) -> Iterator[tuple[int, bytes]]:
+# The longest line (record) preprocess and the tokenizer read: far above any source file (the BigQuery export
+# holds files under 1 MiB, at most ~6 MiB as escaped JSON), far below what would strain a worker's memory.
+MAX_RECORD_BYTES = 64 << 20
+TOO_LARGE = "record too large"  # the bad-record reason of a longer line
+OUT_OF_RANGE = "number out of range"  # ... of a line copied to an output with a number no 64-bit column holds
+
+
+class LongLine(NamedTuple):
+    """What `iter_record_lines` yields in place of a line longer than its `max_line_bytes`: the line was read
+    through in bounded pieces and dropped, never held whole. `nbytes`: its length, line break excluded."""
+
+    nbytes: int
+
+
+def too_large(nbytes: int, limit: int) -> str:
+    """The detail of a `record too large` line."""
+    return f"{nbytes:,} bytes, over the {limit:,}-byte limit"
+
+
+_SKIP_PIECE = 1 << 20  # the most bytes held at once while reading through a line over the limit
+
+
+def _read_line(fh: IO[bytes], limit: int | None) -> bytes | LongLine:
+    """The next line of `fh` with its line break (b"" at the end of the file), or a `LongLine` for one longer
+    than `limit` bytes: at most `limit` + 2 bytes of it (a line of exactly `limit` bytes and a CRLF) and then
+    pieces of at most `_SKIP_PIECE` bytes are read, so a multi-GB line (a corrupt export, a file without line
+    breaks) costs bounded memory."""
+    if limit is None:
+        return fh.readline()
+    line = fh.readline(limit + 2)
+    if line.endswith(b"\n") or len(line) <= limit:  # a whole line, or the file's last one without a line break
+        body = len(line) - (2 if line.endswith(b"\r\n") else 1 if line.endswith(b"\n") else 0)
+        if body <= limit:
+            return line
+    nbytes, piece = len(line), line
+    while piece and not piece.endswith(b"\n"):
+        piece = fh.readline(min(limit + 1, _SKIP_PIECE))
+        nbytes += len(piece)
+    return LongLine(nbytes - (1 if piece.endswith(b"\n") else 0))
+
+
+def iter_record_lines(path: str | os.PathLike, start_line: int = 0,
+                      max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes | LongLine]]:
     """(1-based line number, line) of every non-blank line of `path` after its first `start_line` lines (which
     are decompressed, not parsed: a saved position resumes cheaply). A file that cannot be opened, is cut short
     or corrupt raises `DamagedFile`, and one with fewer than `start_line` lines a `CodeParrotError`; the lines
     read before the damage have been yielded by then. Lines keep their line break (`parse_record_line` ignores
-    it)."""
+    it). With `max_line_bytes`, a longer line (line break excluded) comes as a `LongLine`, read in bounded
+    pieces; without it, lines are read whole whatever their length."""
     read = 0  # lines read so far
     try:
         fh = open_data_file(path)
@@ -192,12 +143,18 @@ def iter_record_lines(path: str | os.PathLike, start_line: int = 0) -> Iterator[
     with fh:
         try:
             while read < start_line:
-                if not fh.readline():
+                if not _read_line(fh, max_line_bytes):
                     raise CodeParrotError(f"{path}: has fewer than {start_line} lines; the data changed since "
                                           "the position was saved")
                 read += 1
-            for read, raw in enumerate(fh, start=start_line + 1):
-                if not raw.isspace():
+            if max_line_bytes is None:  # the training stream's loop: lines read whole, iterated in C
+                for read, raw in enumerate(fh, start=start_line + 1):
+                    if not raw.isspace():
+                        yield read, raw
+                return
+            while raw := _read_line(fh, max_line_bytes):
+                read += 1
+                if isinstance(raw, LongLine) or not raw.isspace():
                     yield read, raw
         except READ_ERRORS as err:
             reason, detail = _damage_reason(err)
@@ -208,7 +165,8 @@ def iter_record_lines(path: str | os.PathLike, start_line: int = 0) -> Iterator[
 # --- parsing one line -----------------------------------------------------------------------------------------
 class BadRecord(Exception):
     """A line that is not a usable record. `reason` is one of: NUL bytes, invalid UTF-8, malformed JSON, not a
-    JSON object, missing text column, non-string text, duplicate key; `detail` says where or what (may be empty)."""
+    JSON object, missing text column, non-string text, duplicate key, number out of range; `detail` says where or
+    what (may be empty)."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason} ({detail})" if detail else reason)
@@ -228,7 +186,29 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return record
 
 
-_CHECKED_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+class _OutOfRange(ValueError):
+    """A JSON number no 64-bit column holds: `args` = (the number as written, what it does not fit)."""
+
+
+def _int64(text: str) -> int:
+    value = int(text)  # past 4,300 digits Python refuses first: a ValueError, "malformed JSON" as without the check
+    if not -(1 << 63) <= value < 1 << 63:
+        raise _OutOfRange(text, "a 64-bit integer")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: Python's json makes it inf
+        raise _OutOfRange(text, "a 64-bit float")
+    return value
+
+
+# The parser of lines copied to an output (`check_fields`): besides duplicate keys, it refuses numbers that the
+# output's readers cannot take as they are: pyarrow (`datasets.load_dataset("json")`) fails the whole shard on
+# 1e400 ("Number too big to be stored in double") and reads an integer past int64 as an inexact float, turning
+# that column of the shard into floats. Anywhere in the record: `size` and `copies` are the export's numbers.
+_CHECKED_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_int64, parse_float=_finite_float)
 
 
 def _field_with_surrogate(record: dict[str, Any], skip: str) -> str | None:
@@ -254,7 +234,8 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
     the training stream keeps what it is given). A raw NUL byte is never valid JSON and is always refused.
     `check_fields`: the line is copied to an output that other tools read (preprocess), so every field must be
     unambiguous and writable too: a key twice in one object (`duplicate key`) or a lone surrogate in any field
-    (`invalid UTF-8`) is refused; `datasets.load_dataset("json")` fails on a shard holding either."""
+    (`invalid UTF-8`) is refused; `datasets.load_dataset("json")` fails on a shard holding either. So is a number
+    that does not fit 64 bits (`number out of range`: `1e400`, an integer past int64)."""
     if b"\x00" in line:
         raise BadRecord("NUL bytes")
     if line.startswith(UTF8_BOM):
@@ -269,6 +250,10 @@ def parse_record_line(line: bytes, text_column: str, reject_nul_text: bool = Fal
         raise BadRecord("malformed JSON", f"{err.msg}: column {err.colno}") from None
     except _DuplicateKey as err:
         raise BadRecord("duplicate key", f"{ascii(err.args[0])} twice in one object") from None
+    except _OutOfRange as err:
+        number, kind = err.args
+        shown = number if len(number) <= 24 else f"{number[:12]}... ({len(number):,} characters)"
+        raise BadRecord(OUT_OF_RANGE, f"{shown} does not fit {kind}") from None
     except ValueError as err:  # valid JSON Python will not parse: an integer past its 4,300-digit limit
         raise BadRecord("malformed JSON", str(err).split(";")[0]) from None
     except RecursionError:  # valid JSON nested deeper than the parser's recursion limit
@@ -334,15 +319,21 @@ class BadRecords:
         return [f"{reason}: {count} (first at {self.first[reason]})" for reason, count in sorted(self.counts.items())]
 
 
-def iter_lines(paths: Iterable[Path], bad: BadRecords) -> Iterator[tuple[bytes, Location]]:
+def iter_lines(paths: Iterable[Path], bad: BadRecords,
+               max_line_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[bytes, Location]]:
     """Non-blank lines (without the line break or a leading byte order mark) of every file, in order, with
     their location. File-level problems (empty file, truncated or corrupt gzip, I/O errors) are counted in
-    `bad`; the lines before the damage are kept."""
+    `bad`, the lines before the damage kept; so is a line over `max_line_bytes` (`record too large`), which is
+    read through in bounded pieces and skipped, never held whole."""
     for path in paths:
         name = str(path)
         records = 0
         try:
-            for lineno, raw in iter_record_lines(path):
+            for lineno, raw in iter_record_lines(path, max_line_bytes=max_line_bytes):
+                if isinstance(raw, LongLine):
+                    records += 1
+                    bad.add(TOO_LARGE, Location(name, lineno), too_large(raw.nbytes, max_line_bytes))
+                    continue
                 # A byte order mark starts a file from a Windows tool, or a line when such files were
                 # concatenated: dropped, so the raw line copied to the output is clean.
                 line = raw.rstrip(b"\r\n").removeprefix(UTF8_BOM)
@@ -368,14 +359,16 @@ def parse_line(line: bytes, where: Location, text_column: str, bad: BadRecords) 
 
 
 def iter_raw_records(
-    paths: Iterable[Path], text_column: str = "content", bad: BadRecords | None = None
+    paths: Iterable[Path], text_column: str = "content", bad: BadRecords | None = None,
+    max_line_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[tuple[bytes, dict[str, Any], str, Location]]:
-    """(raw line, record, text, location) of every valid record; bad ones are counted in `bad`.
+    """(raw line, record, text, location) of every valid record; bad ones (and lines over `max_line_bytes`) are
+    counted in `bad`.
 
     The raw line is what the writers copy to the output, so fields pass through byte for byte.
     """
     bad = bad if bad is not None else BadRecords()
-    for line, where in iter_lines(paths, bad):
+    for line, where in iter_lines(paths, bad, max_line_bytes):
         parsed = parse_line(line, where, text_column, bad)
         if parsed is not None:
             yield line, parsed[0], parsed[1], where

@@ -80,10 +80,11 @@ class HumanEvalConfig:
     samples_file: str | None = doc(None, "samples JSONL, appended as produced and resumed from (default: "
                                          "<output>.samples.jsonl); its settings are kept beside it in "
                                          "<file>.meta.json and a rerun with a different --model, --revision "
-                                         "(of a local repository: the commit it names, so a branch that moved on is "
-                                         "refused and --revision COMMIT resumes), --seed, --n-samples, --batch-size, "
-                                         "--top-p, --max-new-tokens, --no-strip, task set or number of processes is "
-                                         "refused (other temperatures may be added)", group=GENERATION)
+                                         "(of a local or Hub repository: the commit it names, so a branch that moved "
+                                         "on is refused and --revision COMMIT resumes), weights dtype (CPU: float32, "
+                                         "GPU: as saved), --seed, --n-samples, --batch-size, --top-p, "
+                                         "--max-new-tokens, --no-strip, task set or number of processes is refused "
+                                         "(other temperatures may be added)", group=GENERATION)
     allow_code_execution: bool = doc(False, "execute the completions in the sandbox (or set "
                                             "CODEPARROT_ALLOW_CODE_EXECUTION=1); without it nothing runs and the "
                                             "scoring command is printed", group=EXECUTION)

@@ -29,7 +29,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import StoppingCriteriaList
 
 from codeparrot.atomic_io import atomic_write_json
 from codeparrot.errors import CodeParrotError
@@ -38,9 +38,9 @@ from codeparrot.fim.prompt import fim_prompt_ids
 from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.config import HumanEvalConfig, SamplingConfig
 from codeparrot.humaneval.problems import check_complete, merge_samples, part_files, read_samples
+from codeparrot.humaneval.provenance import loads_as_checked_out, pinned_commit, weights_dtype
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
-from codeparrot.repository.base import is_hub_ref, strip_scheme
-from codeparrot.repository.local import LocalGitRepository, is_git_repository
+from codeparrot.inference.decoding import checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
 
 SampleKey = tuple[str, float, int]  # (task_id, temperature, sample_index)
@@ -129,18 +129,12 @@ def generate_batch(model, tokenizer, prompts: Sequence[list[int]], temperature: 
     sampling = ({"do_sample": True, "temperature": temperature, "top_p": cfg.top_p, "top_k": 0}
                 if temperature > 0 else {"do_sample": False})
     torch.manual_seed(seed)  # seeds CPU and every CUDA device
-    # The protocol alone decides how tokens are drawn: `generate` fills every setting not passed here from the
-    # checkpoint's generation_config.json (a repetition penalty, no_repeat_ngram_size, min_new_tokens, beams...),
-    # which would silently change greedy and sampled completions alike; a blank config stands in for it meanwhile.
-    saved_config, model.generation_config = model.generation_config, GenerationConfig()
-    try:
-        with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                 max_new_tokens=cfg.max_new_tokens, pad_token_id=eos,
-                                 eos_token_id=[eos, *stop_ids] if stop_ids else eos,
-                                 stopping_criteria=StoppingCriteriaList([criteria]), **sampling)
-    finally:
-        model.generation_config = saved_config
+    # The protocol alone decides how tokens are drawn: never the checkpoint's generation_config.json (a repetition
+    # penalty, no_repeat_ngram_size, min_new_tokens, beams...), which `generate` would silently fill in.
+    with torch.inference_mode(), flags_only(model):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=cfg.max_new_tokens,
+                             pad_token_id=eos, eos_token_id=[eos, *stop_ids] if stop_ids else eos,
+                             stopping_criteria=StoppingCriteriaList([criteria]), **sampling)
     generated = out[:, width:].tolist()  # (batch, <= max_new_tokens); finished rows padded with EOS
     results = []
     for row, ids in enumerate(generated):
@@ -208,19 +202,6 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
 
 
 # --------------------------------------------------------------------------------------- distributed run
-def pinned_commit(model: str, revision: str | None) -> str | None:
-    """The commit that `revision` (default main) of the local git repository `model` names now: the run loads
-    and records exactly it, since a branch moves as training pushes checkpoints and a resumed run must not mix
-    samples of two. None where there is no commit to pin: a plain folder, a checked-out worktree used as is (no
-    --revision), a Hub id, or a path that does not exist (loading the model says why)."""
-    if is_hub_ref(model):
-        return None
-    path = Path(strip_scheme(model)).expanduser()
-    if not path.exists() or not is_git_repository(path) or (revision is None and (path / ".git").exists()):
-        return None
-    return LocalGitRepository(path).resolve_revision(revision or "main")
-
-
 def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int, commit: str | None = None) -> dict:
     """What the samples depend on: the distribution (model and the commit its revision named, top-p, max new
     tokens, prompt format, stop strings, prompts) and the exact draws (seed; n_samples, batch size and process
@@ -247,14 +228,15 @@ def is_infilling(config: HumanEvalConfig) -> bool:
     return config.benchmark != "humaneval"
 
 
-def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
-    """A one-line error when the samples there were made with other settings (or with unknown ones)."""
+def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> dict | None:
+    """A one-line error when the samples there were made with other settings (or with unknown ones); else the
+    recorded meta (None when there is none yet)."""
     if not meta_file.exists():
         existing = ([samples_file] if samples_file.exists() else []) + part_files(samples_file)
         if any(path.read_bytes().strip() for path in existing):
             raise CodeParrotError(f"{samples_file} holds samples but no {meta_file.name}, so the settings they "
                                   f"were made with are unknown; use another --samples-file or remove it")
-        return
+        return None
     try:
         old = json.loads(meta_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
@@ -266,6 +248,21 @@ def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> None:
         raise CodeParrotError(f"{samples_file} holds samples made with other settings ({'; '.join(diff)}); "
                               f"they are recorded in {meta_file}; use the same settings to resume, another "
                               f"--samples-file, or remove both files")
+    return old
+
+
+def _check_dtype(old: dict | None, dtypes: Sequence[str], what: str, samples_file: Path) -> str:
+    """The one dtype every process loaded the weights in, or a one-line error: the processes differ, or the
+    samples there were made in another (meta written before dtypes were recorded has none: it resumes)."""
+    if len(set(dtypes)) > 1:
+        raise CodeParrotError(f"the processes loaded {what} in different dtypes ({', '.join(sorted(set(dtypes)))}); "
+                              f"run them all on one kind of device")
+    dtype = dtypes[0]
+    if old is not None and old.get("dtype", dtype) != dtype:
+        raise CodeParrotError(f"{samples_file} holds samples made with the weights in {old['dtype']}, now {dtype} "
+                              f"(they load in float32 on a CPU, in their saved dtype on a GPU); resume on the same "
+                              f"kind of device, use another --samples-file, or remove both files")
+    return dtype
 
 
 def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samples_file: Path):
@@ -280,9 +277,9 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     meta_file = samples_file.with_name(samples_file.name + ".meta.json")
     # WORLD_SIZE is what `accelerate launch` sets; checked against the Accelerator below. Every rank checks the
     # same files before any collective: all fail together, none hangs.
-    commit = pinned_commit(config.model, config.revision)
+    commit = pinned_commit(config.model, config.revision)  # local repository or Hub: resolved before anything loads
     meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1), commit)
-    _check_meta(meta_file, meta, samples_file)
+    old = _check_meta(meta_file, meta, samples_file)
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     if world != meta["num_processes"]:  # launched some other way than through WORLD_SIZE: record the truth
@@ -298,11 +295,16 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     done: set[SampleKey] = set()
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
         done.update(sample_key(r) for r in read_samples(path, duplicates="first") if r.get("temperature") is not None)
+    as_is = loads_as_checked_out(config.model, config.revision)
+    load_revision = config.revision if as_is else commit or config.revision
     with accelerator.main_process_first():  # rank 0 materializes a repository revision once, then all load it
-        model, tokenizer = load_model_and_tokenizer(config.model, commit or config.revision,
-                                                    device=str(accelerator.device))
+        model, tokenizer = load_model_and_tokenizer(config.model, load_revision, device=str(accelerator.device))
+    # Every process checks the same values (the old meta was read before rank 0 could rewrite it): all fail together.
+    meta["dtype"] = dtype = _check_dtype(old, gather_object([weights_dtype(model)]), config.model, samples_file)
     if accelerator.is_main_process:
         atomic_write_json(meta_file, meta)
+        if note := checkpoint_note(model, tokenizer.eos_token_id, "HumanEval's sampling flags"):
+            print(note, file=sys.stderr)
     todo = sum(1 for b in plan_batches(problems, cfg, rank, world) for t, i in b.rows
                if (problems[t]["task_id"], float(b.temperature), i) not in done)
     bar = tqdm(total=todo, unit="sample", desc=f"generate (rank {rank}/{world})", dynamic_ncols=True,
@@ -333,8 +335,8 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
         made, tokens = sum(s["samples"] for s in all_stats), sum(s["tokens"] for s in all_stats)
         info = {"config": {"n_samples": cfg.n_samples, "batch_size": cfg.batch_size, "temperatures": cfg.temperatures,
                            "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
-                           "commit": commit, "strip_prompt": meta["strip_prompt"], "num_processes": world,
-                           "stop_strings": meta["stop_strings"]},
+                           "commit": commit, "dtype": dtype, "strip_prompt": meta["strip_prompt"],
+                           "num_processes": world, "stop_strings": meta["stop_strings"]},
                 "samples_file": str(samples_file), "samples_generated": made, "samples_reused": len(samples) - made,
                 "tokens_generated": tokens, "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),

@@ -15,6 +15,10 @@ across several tokens, so a step costs O(batch) small decodes instead of re-deco
 Infilling (codeparrot/fim) does not use HumanEval's stop strings: a middle ends at EOS, as the model learned, at
 a FIM sentinel id (`stop_ids`), or at a sentinel spelled out in plain tokens (the sentinels as stop strings), so
 a middle never contains one.
+
+Any other special token the model emits (a FIM sentinel in a left-to-right completion) neither ends the completion
+nor vanishes from it: it is decoded as its text, which is what the model wrote there, so the program holding it
+fails as it would; a stop string is never seen across it ("\n<fim_pad>def" holds no "\ndef").
 """
 
 from __future__ import annotations
@@ -24,11 +28,10 @@ from typing import Sequence
 import torch
 from transformers import StoppingCriteria
 
+from codeparrot.inference.decoding import DECODE_KWARGS
+
 # CodeParrot's / Codex's stop strings: a new class, function, comment, decorator, print or if at column 0.
 STOP_STRINGS: tuple[str, ...] = ("\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif")
-
-# Decoding must be exact for code: never "clean up" spaces before punctuation.
-_DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
 
 
 def truncate_completion(completion: str, stop_strings: Sequence[str] = STOP_STRINGS) -> str:
@@ -91,7 +94,7 @@ class StopStringsCriteria(StoppingCriteria):
                 self.finished_at[row] = generated
                 continue
             if self.stop_strings:
-                text = self.tokenizer.decode(tail, **_DECODE)
+                text = self.tokenizer.decode(tail, **DECODE_KWARGS)
                 if any(stop in text for stop in self.stop_strings):
                     self.finished_at[row] = generated
         done = [f is not None for f in self.finished_at]
@@ -114,7 +117,7 @@ def finished_completion(tokenizer, generated_ids: Sequence[int], stop_strings: S
     if end is not None:
         ended_by = "eos" if ids[end] == eos else "sentinel"
         ids = ids[:end]
-    text = tokenizer.decode(ids, **_DECODE)
+    text = tokenizer.decode(ids, **DECODE_KWARGS)
     cut = truncate_completion(text, stop_strings)
     if len(cut) < len(text):
         return cut, "stop"

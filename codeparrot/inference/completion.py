@@ -11,7 +11,9 @@ or at a FIM sentinel, as a token or spelled out in plain tokens (cut before it, 
 HumanEval's stop strings do not apply (a middle may well hold a `\ndef`).
 
 Models are loaded with `codeparrot.repository.model.load_model_and_tokenizer` (any repository reference
-plus an optional revision), as everywhere else.
+plus an optional revision), as everywhere else. How tokens are drawn and decoded is `codeparrot.inference.decoding`,
+shared with HumanEval: only the arguments decide (a checkpoint's generation_config.json is ignored, and
+scripts/generate.py says so once), and a special token the model emits mid-completion stays in the text.
 """
 
 from __future__ import annotations
@@ -33,11 +35,8 @@ from codeparrot.fim.prompt import fim_prompt_ids
 from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, truncate_completion
 from codeparrot.inference.config import GenerateConfig, check_sampling
+from codeparrot.inference.decoding import DECODE_KWARGS, checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
-
-# Decoding must be exact for code: no "clean up" of spaces before punctuation (" ." -> "."), which some
-# GPT-2 tokenizer configs enable by default and which would silently rewrite `a .b` or `x , y`.
-DECODE_KWARGS = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -221,7 +220,8 @@ def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int =
     `suffix`, middles between `prompt` and `suffix` (module docstring; `stop` and `strip_prompt` do not apply).
 
     Each sequence finishes on its own (EOS or a stop string); generation ends when all have. With `seed`,
-    the result is reproducible on the same device and software.
+    the result is reproducible on the same device and software. Only these arguments decide how tokens are
+    drawn: the checkpoint's generation config is ignored (`codeparrot.inference.decoding.flags_only`).
     """
     if max_new_tokens < 1:
         raise CodeParrotError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -255,7 +255,7 @@ def generate_completions(model, tokenizer, prompt: str, *, max_new_tokens: int =
         else {"do_sample": False}
     if seed is not None:
         torch.manual_seed(seed)  # seeds CPU and every CUDA device
-    with torch.inference_mode():
+    with torch.inference_mode(), flags_only(model):  # the checkpoint's generation config adds nothing
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
                              num_return_sequences=num_return_sequences,
                              eos_token_id=[tokenizer.eos_token_id, *stop_ids] if stop_ids else tokenizer.eos_token_id,
@@ -311,6 +311,8 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
     suffix = read_suffix(cfg.suffix, cfg.suffix_file)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.revision, cfg.device)
+    if note := checkpoint_note(model, tokenizer.eos_token_id):
+        print(note, file=sys.stderr)
     infill = suffix is not None
     stop_strings, stop_ids = infill_stops(tokenizer) if infill else (None, ())  # fails before any generation
     shown_prompt = prompt.strip() if cfg.strip_prompt and not infill else prompt

@@ -172,7 +172,7 @@ async def _tgi_stream(state: ServingState, body: tgi.TgiRequest, request: Reques
             while not jobs.finished:
                 _, event = await jobs.next()
                 if event[0] == "token":
-                    out = writer.token(event[2])
+                    out = writer.token(event[2], event[3])
                 elif event[0] == "done":
                     out = writer.done(event[1])
                 else:

@@ -16,10 +16,11 @@ sequences in a step (a request of n sequences waits until n rows are free; the q
 served, so a large request is not overtaken forever), and every request fits the model's context.
 
 Requests talk to the caller through a listener, `listener(event)`, called from the engine thread:
-`("token", sequence_index, Token)` for each generated token when the request streams, then exactly one of
-`("done", JobResult)` or `("error", ApiError)`. A cancelled request (its client left) leaves the batch at the next
-step. A failing forward fails the requests it carried ("generation", HTTP 424/500), never the engine: the batch is
-emptied and the next requests run.
+`("token", sequence_index, Token, last)` for each generated token when the request streams (`last`: the sequence
+ends with it, so a stream can send every other token at once and keep that one for its final event), then exactly
+one of `("done", JobResult)` or `("error", ApiError)`. A cancelled request (its client left) leaves the batch at the
+next step. A failing forward fails the requests it carried ("generation", HTTP 424/500), never the engine: the batch
+is emptied and the next requests run.
 """
 
 from __future__ import annotations
@@ -175,10 +176,19 @@ class Engine:
         return job
 
     def cancel(self, job: Job) -> None:
-        """Drop `job` (its client went away): it leaves the batch before the next step."""
+        """Drop `job` (its client went away). A waiting one leaves the queue now: only the queue's head was ever
+        looked at, so one behind a request waiting for rows kept its place against `max_requests` (429s for live
+        clients) until that one started. A running one leaves the batch before the next step."""
         with self._cond:
             job.cancelled = True
+            waiting = job in self._waiting
+            if waiting:  # counted out in the same lock as it leaves: _fail_all may reset the count any time after
+                self._waiting.remove(job)
+                self._jobs -= 1
+                self.counts["cancelled"] += 1
             self._cond.notify()
+        if waiting:
+            job.emit(("error", ApiError("the request was cancelled", "unavailable")))
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop: requests still waiting or running end with an "unavailable" error; the thread is joined."""
@@ -248,12 +258,8 @@ class Engine:
     def _admit(self) -> list[Job]:
         """Waiting requests that fit the batch now, first come first served (called with the lock held)."""
         admitted, rows = [], len(self._rows)
-        while self._waiting:
+        while self._waiting:  # never a cancelled one: cancel() takes it out
             job = self._waiting[0]
-            if job.cancelled:
-                self._waiting.popleft()
-                self._finish_cancelled(job)
-                continue
             if rows + job.params.n > self.max_batch_size:
                 break
             self._waiting.popleft()
@@ -275,7 +281,9 @@ class Engine:
         for job in jobs:
             n = job.params.n
             job.chooser = TokenChooser(job.params, self.device)
-            job.sequences = [_Sequence(i, IncrementalDecoder(self.tokenizer)) for i in range(n)]
+            # special tokens kept as text: an end id never reaches the decoder (serving/text.py)
+            job.sequences = [_Sequence(i, IncrementalDecoder(self.tokenizer, skip_special_tokens=False))
+                             for i in range(n)]
             job.running = n
             if prompt_logits is not None:  # a group of one (see _iterate)
                 logp = torch.log_softmax(prompt_logits[:-1], dim=-1)
@@ -368,7 +376,7 @@ class Engine:
             if seq.finish_reason is None and len(seq.tokens) >= params.max_new_tokens:
                 seq.finish_reason = "length"
             if params.stream:
-                job.emit(("token", index, token))
+                job.emit(("token", index, token, seq.finish_reason is not None))
             if seq.finish_reason is None:
                 alive.append(index)
             else:

@@ -14,12 +14,14 @@ EOS or a sentinel). TGI answers `suffix` with 422 and vLLM with 400, so clients 
 with this server they need not (they still may). An empty or null `suffix` is a plain completion.
 
 Differences: the `model` field is accepted whatever it names (one model per server; answers carry the served name);
-a stop list may hold up to --max-stop-sequences strings (OpenAI: 4); refused as unsupported: token-id prompts,
-penalties, `logit_bias`, `best_of` other than `n`, `logprobs` with `stream`.
+a stop list may hold up to --max-stop-sequences strings (OpenAI: 4); vLLM's `top_k` is applied (0 or -1: off);
+refused as unsupported: token-id prompts, penalties, `logit_bias`, `best_of` other than `n`, `logprobs` with
+`stream`, and vLLM's other sampling extras (`UNSUPPORTED`) unless neutral. Other unknown fields are ignored.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated
@@ -34,6 +36,12 @@ from codeparrot.serving.text import IncrementalDecoder, find_stop, held_back, st
 
 Float = Annotated[float, Field(allow_inf_nan=False)]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+# Settings that would change the answer and are not implemented, with the value that changes nothing (accepted, as
+# is leaving them out). vLLM's extras among them are what OpenAI-compatible clients send: as unknown fields they were
+# dropped silently, so a client asking for them got an answer that had ignored them.
+UNSUPPORTED = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1.0,
+               "min_p": 0.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+               "include_stop_str_in_output": False, "use_beam_search": False}
 
 
 class StreamOptions(BaseModel):
@@ -62,6 +70,15 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, Float] | None = None
     seed: int | None = None
     user: str | None = None
+    # vLLM's sampling extras
+    top_k: int | None = None
+    repetition_penalty: Float | None = None
+    min_p: Float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    use_beam_search: bool | None = None
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -96,11 +113,12 @@ async def to_jobs(state: ServingState, req: CompletionRequest) -> tuple[list[str
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise _bad(f"`top_p` must be in (0, 1], got {top_p}", "top_p")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0.0):
-            raise _bad(f"`{name}` is not supported by this server (leave it out or 0)", name)
-    if req.logit_bias:
-        raise _bad("`logit_bias` is not supported by this server", "logit_bias")
+    top_k = req.top_k or 0
+    if top_k < -1:
+        raise _bad(f"`top_k` must be at least 1, or 0 or -1 for no top-k cut; got {top_k}", "top_k")
+    for name, neutral in UNSUPPORTED.items():
+        if getattr(req, name) not in (None, neutral):
+            raise _bad(f"`{name}` is not supported by this server (leave it out or {json.dumps(neutral)})", name)
     logprobs = req.logprobs or 0
     if not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise _bad(f"`logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}", "logprobs")
@@ -122,8 +140,8 @@ async def to_jobs(state: ServingState, req: CompletionRequest) -> tuple[list[str
         ids = [await state.prompt_ids(p, param="prompt") for p in prompts]
     new = min(state.new_tokens(req.max_tokens, len(i), "max_tokens", DEFAULT_MAX_TOKENS, prompt_param="prompt")
               for i in ids)
-    params = SamplingParams(max_new_tokens=new, n=n, temperature=temperature, top_p=top_p, seed=req.seed,
-                            stop=stops, top_logprobs=logprobs, stream=bool(req.stream),
+    params = SamplingParams(max_new_tokens=new, n=n, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+                            seed=req.seed, stop=stops, top_logprobs=logprobs, stream=bool(req.stream),
                             prompt_logprobs=bool(req.echo and req.logprobs is not None))
     return prompts_of(req), ids, params
 

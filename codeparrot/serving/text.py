@@ -6,8 +6,10 @@ recent ids twice, with and without the newest ones, and emits the difference onc
 character still incomplete). The emitted pieces join up to the decoded text of all ids; `full_text()` is that
 decode, done once at the end. Decoding is the Rust tokenizer's own `decode` (what transformers' `decode` calls, minus
 its Python layers: several times faster, and this runs twice per token), exact as scripts/generate.py's
-(`DECODE_KWARGS`: no clean-up of spaces before punctuation), skipping special tokens (EOS, the FIM sentinels), which
-end a sequence anyway.
+(`DECODE_KWARGS`: no clean-up of spaces before punctuation). A generated sequence's decoder keeps special tokens as
+their text, as generate.py does (`codeparrot.inference.decoding`): the ids that end a sequence (EOS, the FIM
+sentinels) never reach it, so one it meets is a token the model wrote inside its text, and dropping it would glue
+the text around it. The prompt's decoder skips them (its leading EOS is no text of the prompt).
 
 Stop strings are looked for in the text, not in ids (a stop string can span several tokens and a token can hold
 more than a stop string), and only in the part the newest token could have completed. Where the stop string ends up
@@ -23,8 +25,9 @@ from typing import Sequence
 class IncrementalDecoder:
     """The text of one generated sequence as its ids arrive (`add` returns the new text, maybe "")."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self._decoder = tokenizer.backend_tokenizer
+        self._skip_special = skip_special_tokens
         self.ids: list[int] = []
         self.text = ""  # everything emitted so far: a prefix of the decoded text of `ids`
         self._prefix = 0  # ids[_prefix:_read] is the context re-decoded with each new token
@@ -46,7 +49,7 @@ class IncrementalDecoder:
         return self._decode(self.ids)
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self._decoder.decode(ids, skip_special_tokens=True) if ids else ""
+        return self._decoder.decode(ids, skip_special_tokens=self._skip_special) if ids else ""
 
 
 def find_stop(text: str, stops: Sequence[str], start: int = 0) -> tuple[int, str] | None:

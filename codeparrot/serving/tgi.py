@@ -161,9 +161,10 @@ def generate_answer(state: ServingState, body: TgiRequest, result: JobResult) ->
 
 
 class StreamWriter:
-    """Turns one request's engine events into TGI stream events. Each token event is held until the next event
-    arrives, so that the last one can carry `generated_text` and `details` and have its text trimmed to end where
-    `generated_text` ends (a stop sequence may end inside that token)."""
+    """Turns one request's engine events into TGI stream events. A token event goes out as soon as its token is
+    chosen, but the sequence's last: that one waits for the "done" that follows it in the same engine step, so that
+    it carries `generated_text` and `details` and has its text trimmed to end where `generated_text` ends (a stop
+    sequence may end inside that token). (Holding every token until the next one existed sent each a step late.)"""
 
     def __init__(self, state: ServingState, body: TgiRequest, prompt_tokens: int):
         self.state = state
@@ -173,10 +174,9 @@ class StreamWriter:
         self.pending: Token | None = None
         self.index = 0
 
-    def token(self, token: Token) -> list[dict]:
-        out = self._flush() if self.pending is not None else []
+    def token(self, token: Token, last: bool) -> list[dict]:
         self.pending = token
-        return out
+        return [] if last else self._flush()
 
     def _flush(self, text: str | None = None, final: dict | None = None) -> list[dict]:
         token, self.pending = self.pending, None

@@ -8,7 +8,8 @@ Layout of `<run dir>/checkpoints/step-N/`:
     training_state/                         Accelerate's `save_state`: optimizer, scheduler, RNG states per
                                             process (+ the model itself under FSDP/DeepSpeed)
     training_state/data_rank{R}.pt          process R's DataLoader position (`state_dict()`)
-    trainer_state.json                      step, tokens seen, processes, the non-finite guard's counters
+    trainer_state.json                      step, tokens seen, processes, the non-finite guard's counters, the
+                                            setup training_state/ depends on (`run_setup`)
     manifest.json                           size (and sha256, for files up to 256 MiB) of every other file;
                                             written LAST, after everything it describes
 
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 import yaml
-from accelerate.utils import extract_model_from_parallel, load
+from accelerate.utils import DistributedType, extract_model_from_parallel, load
 from safetensors.torch import load_file
 
 from codeparrot.atomic_io import (atomic_write_json, atomic_write_text, fsync_tree, publish_dir,
@@ -62,6 +63,19 @@ class TrainerState:
     run_name: str
     saved_at: str = ""
     nonfinite: dict = field(default_factory=dict)  # the non-finite guard's counters (`NonFiniteGuard.state_dict`)
+    setup: dict = field(default_factory=dict)  # `run_setup` of the saving run ({}: saved before it was recorded)
+
+
+def run_setup(accelerator) -> dict:
+    """What the layout of `training_state/` depends on besides the process count, recorded with every checkpoint and
+    compared on resume (training/launch_checks.py: `check_resume_setup`): Accelerate stores the optimizer (and
+    under FSDP the model) per distributed type and FSDP state-dict type, and a loss-scaler state only for fp16."""
+    fsdp = accelerator.state.fsdp_plugin if accelerator.distributed_type == DistributedType.FSDP else None
+    state_dict_type = None if fsdp is None else fsdp.state_dict_type
+    return {"distributed_type": accelerator.distributed_type.name, "mixed_precision": accelerator.mixed_precision,
+            "grad_scaler": accelerator.scaler is not None,
+            "fsdp_state_dict_type": getattr(state_dict_type, "name", state_dict_type),
+            "fsdp_version": None if fsdp is None else fsdp.fsdp_version}
 
 
 def checkpoints_root(run_dir: str | os.PathLike) -> Path:
@@ -96,7 +110,8 @@ def read_state(path: str | os.PathLike) -> TrainerState:
     try:
         data = json.loads(state_file.read_text())
         return TrainerState(**{k: data[k] for k in ("step", "tokens_seen", "world_size", "run_name")},
-                            saved_at=data.get("saved_at", ""), nonfinite=dict(data.get("nonfinite") or {}))
+                            saved_at=data.get("saved_at", ""), nonfinite=dict(data.get("nonfinite") or {}),
+                            setup=dict(data.get("setup") or {}))
     except (ValueError, KeyError, TypeError) as err:
         raise CodeParrotError(f"{state_file}: unreadable trainer state ({type(err).__name__}: {err})") from None
 
@@ -176,11 +191,12 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def verify_checkpoint(path: str | os.PathLike) -> list[str]:
+def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> list[str]:
     """Everything wrong with checkpoint `path` as a resume point (empty when it is complete): a missing
     trainer state, weights, optimizer, scheduler, RNG state or data position of any process, a weights file
     whose safetensors header is unreadable or which is shorter than it says, and any file whose size or
-    hash differs from `manifest.json` (checkpoints written before manifests existed skip that last check)."""
+    hash differs from `manifest.json` (checkpoints written before manifests existed skip that last check).
+    `hashes=False`: sizes only (cheap: what every other process checks of the folder the main process verified)."""
     path = Path(path)
     try:
         state = read_state(path)
@@ -227,7 +243,7 @@ def verify_checkpoint(path: str | os.PathLike) -> list[str]:
                 problems.append(f"{name} is missing")
         elif file.stat().st_size != entry.get("size"):
             problems.append(f"{name} has {file.stat().st_size} bytes, the manifest says {entry.get('size')}")
-        elif entry.get("sha256") and _sha256(file) != entry["sha256"]:
+        elif hashes and entry.get("sha256") and _sha256(file) != entry["sha256"]:
             problems.append(f"{name} does not match its sha256 in the manifest")
     return list(dict.fromkeys(problems))
 
@@ -306,6 +322,7 @@ def save_checkpoint(accelerator, model, tokenizer, run_dir: str | os.PathLike, s
 
     if accelerator.is_main_process:
         state.saved_at = time.strftime("%Y-%m-%dT%H:%M:%S")
+        state.setup = state.setup or run_setup(accelerator)
         atomic_write_json(tmp / STATE_FILE, asdict(state))
         write_manifest(tmp)  # last: it describes every file above
         fsync_tree(tmp)  # on disk before it is published (and before pruning removes the previous checkpoints)

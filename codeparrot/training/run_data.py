@@ -8,7 +8,7 @@ import torch
 from codeparrot.errors import CodeParrotError
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
-from codeparrot.training.validation import EvalResult, evaluate
+from codeparrot.training.validation import EvalResult, check_has_a_sequence, evaluate
 
 
 def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
@@ -28,6 +28,9 @@ def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
     if d.valid:
         valid_ds = build_dataset(d.valid, tokenizer, d.seq_length, infinite=False, shuffle=False, split="validation",
                                  **common)
+        # now, not as a NaN validation loss at every evaluation: a split too small for one sequence of its readers
+        check_has_a_sequence(valid_ds, world * max(d.num_workers, 1), "data.valid", "data.seq_length",
+                             "data.num_workers")
     return train_ds, valid_ds
 
 

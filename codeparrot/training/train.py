@@ -27,19 +27,24 @@ from tqdm.auto import tqdm
 
 from codeparrot.atomic_io import ensure_writable_dir
 from codeparrot.config import to_dict
-from codeparrot.errors import CodeParrotError
 from codeparrot.training.checkpointing import (
     TrainerState,
     list_checkpoints,
     read_data_position,
-    read_state,
-    resolve_resume,
     restore_training_state,
+    run_setup,
     save_checkpoint,
 )
 from codeparrot.training.config import AUTO, TrainConfig
 from codeparrot.training.fast_path import FastPath, configure_cuda_allocator
-from codeparrot.training.launch_checks import check_gpu_visible, check_one_job, check_sharding
+from codeparrot.training.launch_checks import (
+    check_gpu_visible,
+    check_one_job,
+    check_resume_setup,
+    check_sharding,
+    choose_resume,
+    saved_setup,
+)
 from codeparrot.training.loss import fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.micro_batch import (
@@ -108,16 +113,15 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
     cfg.accumulation_steps(world)  # one-line error when the budget does not divide (None for auto: measured below)
     run_dir = cfg.run_dir()
-    checkpoint = resolve_resume(resume, run_dir, report=lambda text: print(text, file=sys.stderr) if main else None)
-    if checkpoint is not None and read_state(checkpoint).world_size != world:
-        raise CodeParrotError(f"{checkpoint} was written by {read_state(checkpoint).world_size} processes; resume it "
-                              f"with that many, not {world} (each process has its own data position)")
-    if checkpoint is not None and read_state(checkpoint).step >= cfg.max_steps and (run_dir / "final").is_dir():
+    # the main process picks the checkpoint, every process checks it can use it (training/launch_checks.py)
+    start = choose_resume(resume, run_dir, world=world, main=main, max_steps=cfg.max_steps,
+                          report=lambda text: print(text, file=sys.stderr))
+    checkpoint = start.checkpoint
+    if start.finished:
         if main:
             print(f"run {cfg.run_name} is already finished: {checkpoint.name} reached max_steps {cfg.max_steps}; "
                   f"its final model is in {run_dir / 'final'} (raise --max_steps to train further)")
-        done = read_state(checkpoint)
-        return TrainResult(run_dir, done.step, done.tokens_seen, last_checkpoint=checkpoint)
+        return TrainResult(run_dir, start.state.step, start.state.tokens_seen, last_checkpoint=checkpoint)
     cfg, reused = reuse_on_resume(cfg, checkpoint, world)  # micro_batch_size auto: the checkpoint's, never re-measured
     accum = provisional_accumulation(cfg, world)  # the real one, except for auto before it is measured (below)
     watchdog = training_watchdog(cfg.stall_minutes, run_dir, rank, accum, cfg.data.train)  # training/watchdog.py
@@ -148,6 +152,9 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     enable_fsdp_on_cpu(accelerator)  # CPU processes: Accelerate's FSDP2 over gloo (training/sharding.py)
     reduce_gradients_in_fp32(accelerator)  # FSDP + bf16: reduce-scatter in fp32, as DDP does
     check_sharding(accelerator.distributed_type)  # FSDP/DeepSpeed asked for by the launcher and not running
+    if checkpoint is not None:  # saved under another sharding, or fp16 from a checkpoint without a loss scaler
+        for change in check_resume_setup(checkpoint, saved_setup(checkpoint, start.state), run_setup(accelerator)):
+            accelerator.print(f"resume: {change}")
     cuda_graphs = resolve_cuda_graphs(cfg, accelerator)  # `cuda_graphs: true` where it cannot run: one line, now
     open_rank_log(run_dir, rank)  # <run>/logs/rank-N.log: every process's warnings and errors
     device = accelerator.device

@@ -11,10 +11,14 @@ Every forward has the same shape: the split's last, shorter batch is padded to t
 (rows are independent under causal attention, and masked ones add no loss and no tokens). A compiled model then
 runs one graph for the whole pass instead of compiling another (a dynamic-shape one, under dynamo's automatic
 dynamic shapes) for the last batch.
+
+A split that gives no sequence at all would give a NaN loss, of 0 tokens: training (`run_data.build_datasets`) and
+scripts/validation_loss.py refuse it at start instead (`check_has_a_sequence`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -31,7 +35,9 @@ from codeparrot.repository.model import check_model_tokenizer, load_pretrained_m
 from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.config import ValidationLossConfig
+from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
+from codeparrot.training.datasets.resumable import Reader
 from codeparrot.training.loss import IGNORE_INDEX, FusedHead, fused_head_weight, token_loss_sum
 
 
@@ -113,6 +119,39 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
                       sequences=int(total_sequences), seq_length=seq_length or (shape[1] if shape else None))
 
 
+def check_has_a_sequence(dataset, readers: int, split: str, seq_key: str, workers_key: str) -> None:
+    """One-line `CodeParrotError` unless the finite `dataset` (a validation split from `build_dataset`) gives at
+    least one sequence to one of its `readers` (processes × DataLoader workers); else its loss would be NaN, of 0
+    tokens. `split`, `seq_key`, `workers_key`: how the user names the split, seq_length and num_workers.
+
+    Pretokenized data refuses fewer tokens than one sequence itself (`PretokenizedDataset`) and deals whole
+    sequences. Text data (`ConstantLengthDataset`) deals files: each reader packs its own into sequences and
+    drops its last, short one, so a split can hold more than seq_length tokens and no sequence. It is read here
+    reader by reader until one gives a sequence: all of a small split, the first files of a large one (with a
+    buffer of seq_length characters: files are tokenized one by one, so the sequences are the same)."""
+    if not isinstance(dataset, ConstantLengthDataset):
+        return
+    probe = copy.copy(dataset)  # the dataset itself keeps no iterator from this
+    probe.max_buffer_chars = dataset.seq_length
+    workers = readers // dataset.world_size
+    tails = []
+    for reader in range(readers):
+        iterator = probe._start(Reader(reader, readers, reader % workers, workers), None)
+        if next(iterator, None) is not None:
+            return
+        tails.append(len(iterator.tail))  # no sequence: every token it read is in its tail
+    length = f"one sequence of {dataset.seq_length:,} tokens ({seq_key})"
+    if readers == 1:
+        raise CodeParrotError(f"{split} {dataset.label} holds {tails[0]:,} tokens, not {length}: its validation loss "
+                              f"would be NaN; give at least {dataset.seq_length:,} tokens of validation data, a "
+                              f"shorter {seq_key}, or no {split}")
+    raise CodeParrotError(f"{split} {dataset.label} holds {sum(tails):,} tokens, dealt by file to {readers} readers "
+                          f"(processes × dataloader workers) that pack their own files into sequences, at most "
+                          f"{max(tails):,} tokens each: not {length} for any of them, its validation loss would be "
+                          f"NaN; give more validation data, fewer processes or {workers_key}, a shorter {seq_key}, "
+                          f"or no {split}")
+
+
 def pad_rows(input_ids: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input ids, labels) of `input_ids` [b, T] padded to [rows, T]: token 0 and label IGNORE_INDEX below."""
     pad = rows - input_ids.shape[0]
@@ -142,11 +181,20 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     with accelerator.local_main_process_first():  # materialize a repository revision once per node
         model_dir = resolve_model_dir(model_ref, revision)
         tokenizer = load_tokenizer(tokenizer_ref or str(model_dir))
-    model = load_pretrained_model(str(model_dir), dtype=torch.float32)
-    seq_length = seq_length or model.config.n_positions
-    check_model_tokenizer(model.config, tokenizer, str(tokenizer_ref or model_dir), seq_length=seq_length)
+    config_file = model_dir / "config.json"  # the model's config only: the data is checked before the weights load
+    if not config_file.is_file():
+        raise CodeParrotError(f"{model_dir} holds no model (no config.json)")
+    try:
+        model_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CodeParrotError(f"{config_file}: unreadable model config: {err}") from None
+    seq_length = seq_length or model_config["n_positions"]
+    check_model_tokenizer(model_config, tokenizer, str(tokenizer_ref or model_dir), seq_length=seq_length)
     data = build_dataset(dataset, tokenizer, seq_length, rank=accelerator.process_index,
                          world_size=accelerator.num_processes, infinite=False, shuffle=False, text_column=text_column)
+    check_has_a_sequence(data, accelerator.num_processes * max(num_workers, 1), "--dataset", "--seq-length",
+                         "--num-workers")
+    model = load_pretrained_model(str(model_dir), dtype=torch.float32)
     loader = build_dataloader(data, batch_size=batch_size, num_workers=num_workers,
                               pin_memory=accelerator.device.type == "cuda")
     model = accelerator.prepare(model)

@@ -35,13 +35,113 @@ def test_model_loads_once_per_checkpoint(client, served):
     loads = ws.cache.loads
     complete(client, SIGNATURE)  # a second request (any user) reuses the loaded model
     assert ws.cache.loads == loads
-    repo_tip = ws.resolve("exp", "latest")
-    assert repo_tip in ws.cache.keys()
+    assert ws.resolve("exp", "latest")[1] in ws.cache.keys()
+
+
+def test_one_model_per_commit_whichever_branch_or_spelling_names_it(served, tmp_path):
+    """A checkpoint picked by its commit under another branch's dropdown (the side by side's B picker, or main's
+    history after a fast-forward), or the repository named by another path (a symlink, a trailing slash),
+    is the model already loaded: one copy in memory, no second load."""
+    from codeparrot.app.workspace import Workspace
+
+    ws = served[0]
+    tip = ws.resolve("exp", "latest")[1]
+    model, _, _ = ws.model("exp", "latest")
+    loads = ws.cache.loads
+    assert ws.model("main", tip)[0] is model and ws.model("exp", tip)[0] is model
+    (tmp_path / "link").symlink_to(ws.ref)
+    assert Workspace(str(tmp_path / "link"), cache=ws.cache).model("exp", "latest")[0] is model
+    assert ws.cache.loads == loads and len([k for k in ws.cache.keys() if tip in str(k)]) == 1
+
+
+@pytest.fixture
+def endless(monkeypatch, served):
+    """/complete's generation replaced by one that streams "x" every 10 ms for up to 20 s: (stopped, release)
+    events; `stopped` is set when it returns or raises, `release` (set at teardown) ends it on the old code."""
+    import threading
+    import time
+
+    import torch
+
+    from codeparrot.app import complete
+
+    stopped, release = threading.Event(), threading.Event()
+    x = served[0].model("exp", "latest")[1].convert_tokens_to_ids("x")
+
+    def generate(model, tokenizer, prompt, *, streamer, **kwargs):
+        try:
+            streamer.put(torch.tensor([[1, 2]]))  # the prompt, as generate() sends it first
+            for _ in range(2000):
+                if release.is_set():
+                    break
+                streamer.put(torch.tensor([x]))
+                time.sleep(0.01)
+            streamer.end()
+            return []
+        finally:
+            stopped.set()
+
+    monkeypatch.setattr(complete, "generate_completions", generate)
+    yield stopped, release
+    release.set()
+    stopped.wait(5)  # the next test finds the generation slot free
+
+
+def _slot_is_free() -> bool:
+    from codeparrot.app.complete import _GENERATION_LOCK
+
+    if not _GENERATION_LOCK.acquire(timeout=2):
+        return False
+    _GENERATION_LOCK.release()
+    return True
+
+
+def test_a_cancelled_completion_stops_generating(client, endless):
+    """A client that cancels its /complete (gradio_client's job.cancel(), the page's cancel) stops the
+    generation within a token or two: the one generation slot is free for the next user at once."""
+    import time
+
+    stopped, _ = endless
+    job = client.submit(SIGNATURE, "exp", "latest", 0.0, 0.95, 40, 0, api_name="/complete")
+    deadline = time.monotonic() + 30
+    while not job.outputs() and time.monotonic() < deadline:  # streaming: the generation is running
+        time.sleep(0.02)
+    assert job.outputs() and not stopped.is_set()
+    job.cancel()
+    assert stopped.wait(3), "the generation went on after its request was cancelled"
+    assert _slot_is_free()
+
+
+def test_a_client_that_disconnects_stops_its_generation(served, endless):
+    """A client that goes away mid-stream (a closed tab, a killed script: here a plain HTTP client that closes its
+    event stream) stops the generation it asked for."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    stopped, _ = endless
+    address = urlsplit(served[1])
+    conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    body = json.dumps({"data": [SIGNATURE, "exp", "latest", 0.0, 0.95, 40, 0]})
+    conn.request("POST", "/gradio_api/call/complete", body, {"Content-Type": "application/json"})
+    event_id = json.loads(conn.getresponse().read())["event_id"]
+    conn.request("GET", f"/gradio_api/call/complete/{event_id}")
+    events = conn.getresponse()
+    for line in iter(events.readline, b""):  # until the first streamed state: the generation is running
+        if line.strip() == b"event: generating":
+            break
+    else:
+        pytest.fail("the event stream ended before any text was streamed")
+    assert not stopped.is_set()
+    conn.close()
+    events.close()
+    assert stopped.wait(3), "the generation went on after its client disconnected"
+    assert _slot_is_free()
 
 
 def test_highlight_one_coloured_span_per_token(client, served, memorized_code):
     page, lines, status = client.predict(memorized_code, None, "exp", "latest", api_name="/highlight")
-    _, tok = served[0].cache.get(served[0].ref, *served[0].resolve("exp", "latest"))
+    _, tok, _ = served[0].model("exp", "latest")
     n_tokens = len(tok(memorized_code, add_special_tokens=False)["input_ids"])
     spans = re.findall(r'<span class="t b(\d+)" data-loss="([\d.]+)" title="', page)
     assert len(spans) == n_tokens  # ASCII code: one span per token

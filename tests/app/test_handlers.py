@@ -3,10 +3,44 @@ generation lock every tab shares, and the chart files a long-running app leaves 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from codeparrot.app.workspace import Workspace
 from codeparrot.errors import CodeParrotError
+
+
+class _Tokenizer:
+    """Enough of a tokenizer for `CompletionStreamer`: token i decodes to "x" (no stop string ever)."""
+
+    eos_token_id = 0
+
+    def decode(self, ids, **kwargs):
+        return "x" * len(ids)
+
+
+def _endless_generation(stopped, release):
+    """A stand-in for `generate_completions` that streams one token every 10 ms for up to 20 s (the test's
+    `release` ends it early on the old code, which never stopped it); `stopped` is set when it returns or raises."""
+    import time
+
+    import torch
+
+    def generate(streamer, *args, **kwargs):
+        try:
+            streamer.put(torch.tensor([[1, 2]]))  # the prompt, as generate() sends it first
+            for _ in range(2000):
+                if release.is_set():
+                    break
+                streamer.put(torch.tensor([5]))
+                time.sleep(0.01)
+            streamer.end()
+            return []
+        finally:
+            stopped.set()
+
+    return generate
 
 
 def test_blank_code_around_the_cursor_is_bounded_too(tmp_path):
@@ -36,9 +70,9 @@ def test_compare_generates_under_the_generation_lock(monkeypatch, tmp_path):
 
     monkeypatch.setattr(experiments, "generate_completions", generate)
     monkeypatch.setattr(experiments, "fit_to_context", lambda model, tokenizer, prompt, n: n)
-    monkeypatch.setattr(Workspace, "model", lambda self, branch, ckpt: (None, None, f"{branch}@0123"))
-    a, b, status = experiments.compare(Workspace(str(tmp_path)), "def f():", "main", "latest", "exp", "latest",
-                                       0.5, 8, 7)
+    monkeypatch.setattr(Workspace, "model", lambda self, branch, ckpt: (None, _Tokenizer(), f"{branch}@0123"))
+    *_, (a, b, status) = experiments.compare(Workspace(str(tmp_path)), "def f():", "main", "latest", "exp",
+                                             "latest", 0.5, 8, 7)
     assert a == b == "def f(): pass\n" and held == [True, True], held
     assert not complete._GENERATION_LOCK.locked()
 
@@ -53,8 +87,42 @@ def test_compare_refuses_what_it_cannot_honour(tmp_path, max_new, seed, message)
     from codeparrot.app.experiments import compare
 
     with pytest.raises(CodeParrotError, match=message):
-        compare(Workspace(str(tmp_path / "no-repo")), "def f():", "main", "latest", "main", "latest", 0.0, max_new,
-                seed)
+        next(compare(Workspace(str(tmp_path / "no-repo")), "def f():", "main", "latest", "main", "latest", 0.0,
+                     max_new, seed))
+
+
+@pytest.mark.parametrize("tab, seed, message", [
+    ("complete", float("nan"), "the seed must be a whole number, got nan"),
+    ("infill", 1.5, "the seed must be a whole number, got 1.5"),
+    ("compare", "7x", "the seed must be a whole number (both checkpoints sample with it), got '7x'"),
+])
+def test_a_seed_that_is_no_whole_number_is_refused_before_any_model_loads(tmp_path, tab, seed, message):
+    """The HTTP API can send any JSON for a seed: nan was an internal error after the model had loaded, 1.5
+    silently became 1, text was an internal ValueError. Each is now the seed's one-line refusal, before any
+    model loads (the workspace here has no repository: reaching it would be a different error)."""
+    from codeparrot.app.complete import stream_completion
+    from codeparrot.app.experiments import compare
+    from codeparrot.app.infill import stream_infill
+
+    ws = Workspace(str(tmp_path / "no-repo"))
+    handler = {"complete": lambda: stream_completion(ws, "def f():", "main", "latest", 0.0, 0.95, 8, seed),
+               "infill": lambda: stream_infill(ws, "x = ", "\n", "main", "latest", 0.0, 0.95, 8, seed),
+               "compare": lambda: compare(ws, "def f():", "main", "latest", "exp", "latest", 0.0, 8, seed)}[tab]
+    with pytest.raises(CodeParrotError) as refused:
+        next(handler())
+    assert str(refused.value) == message
+
+
+def test_whole_number_fields():
+    """What the page and the API send for a count or a seed: floats from sliders, text, JSON's oddities."""
+    from codeparrot.app.whole_number import whole_number
+
+    assert [whole_number(v, "n") for v in (4, 4.0, "4", " 4.0 ", "1e3", 2**63 + 1)] == [4, 4, 4, 4, 1000, 2**63 + 1]
+    for bad in (None, 2.5, "x", "", float("nan"), float("inf"), "1e999", True, [4]):
+        with pytest.raises(CodeParrotError, match=f"^n must be a whole number, got {re.escape(repr(bad))}$"):
+            whole_number(bad, "n")
+    with pytest.raises(CodeParrotError, match="^n must be a whole number from 1 to 3 to plot, got 4$"):
+        whole_number(4, "n", within=(1, 3), why=" to plot")
 
 
 def test_an_empty_batches_field_gets_the_bound_message(tmp_path):
@@ -142,3 +210,50 @@ def test_a_file_given_as_a_url_is_refused_whatever_the_content_type_says(content
 
     asyncio.run(RefuseRemoteFiles(app)(scope, receive, send))
     assert sent[0]["status"] == (403 if refused else 200) and bool(reached) is not refused
+
+
+def test_a_stream_closed_early_stops_its_generation():
+    """Gradio closes a streaming handler's generator when its client cancels or goes away: the generation
+    thread behind it must stop within a token or two and free the one generation slot (the lock every tab
+    shares), not go on to max_new_tokens for nobody while everyone else waits."""
+    import threading
+
+    from codeparrot.app import complete
+
+    stopped, release = threading.Event(), threading.Event()
+    stream = complete.stream_generation(_Tokenizer(), _endless_generation(stopped, release), name="test-stream")
+    try:
+        assert next(stream) == ("x", None)
+        stream.close()  # what gradio.utils.SyncToAsyncIterator.aclose does on cancel or disconnect
+        assert stopped.wait(2), "the generation went on after its stream was closed"
+        assert complete._GENERATION_LOCK.acquire(timeout=2)
+        complete._GENERATION_LOCK.release()
+    finally:
+        release.set()
+
+
+def test_a_side_by_side_closed_early_stops_its_generation(monkeypatch, tmp_path):
+    """The Experiments tab's side by side (two generations under the one lock) stops like the Complete tab when
+    its client cancels or leaves: it streams, and closing its stream ends the generation at once."""
+    import threading
+
+    from codeparrot.app import complete, experiments
+
+    stopped, release = threading.Event(), threading.Event()
+    endless = _endless_generation(stopped, release)
+    monkeypatch.setattr(experiments, "generate_completions", lambda *args, streamer, **kw: endless(streamer))
+    monkeypatch.setattr(experiments, "fit_to_context", lambda model, tokenizer, prompt, n: n)
+    monkeypatch.setattr(Workspace, "model", lambda self, branch, ckpt: (None, _Tokenizer(), f"{branch}@0123"))
+    timer = threading.Timer(5, release.set)  # the old code generated to the end inside compare(): bound it
+    timer.start()
+    try:
+        stream = experiments.compare(Workspace(str(tmp_path)), "def f():", "main", "latest", "exp", "latest",
+                                     0.0, 8, 7)
+        assert next(stream)[0] == "def f():x"
+        stream.close()
+        assert stopped.wait(2) and not release.is_set(), "the generation went on after its stream was closed"
+        assert complete._GENERATION_LOCK.acquire(timeout=2)
+        complete._GENERATION_LOCK.release()
+    finally:
+        timer.cancel()
+        release.set()

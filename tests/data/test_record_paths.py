@@ -77,6 +77,66 @@ def test_a_folder_that_cannot_be_listed_is_named_not_skipped(tmp_path, monkeypat
         resolve_data_files(tmp_path / "in")
 
 
+def _refusing(monkeypatch, locked: Path) -> None:
+    """As for a user without permissions on `locked`: listing it and looking up a name inside it both fail (root,
+    who reads every folder, gets the errors simulated)."""
+    scandir, lstat = os.scandir, os.lstat
+
+    def refusing_scandir(path="."):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    def refusing_lstat(path, *args, **kwargs):
+        if Path(path).parent == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "scandir", refusing_scandir)
+    monkeypatch.setattr(os, "lstat", refusing_lstat)
+
+
+@pytest.mark.parametrize("pattern", ["**/*.jsonl", "*/*.jsonl", "lock*/*", "*/y.jsonl"])
+def test_a_folder_a_glob_cannot_read_is_named_not_skipped(tmp_path, monkeypatch, pattern):
+    """glob.glob drops a folder it cannot list or search without a word: `in/**/*.jsonl` read in/a/ and silently
+    lost every file of in/locked/. It is the one-line error of that folder given by name."""
+    _touch(tmp_path, "in/a/x.jsonl", "in/a/y.jsonl", "in/locked/y.jsonl")
+    locked = tmp_path / "in" / "locked"
+    _refusing(monkeypatch, locked)
+    with pytest.raises(CodeParrotError, match=re.escape(f"input folder is not readable: {locked} (Permission denied)")):
+        resolve_data_files(str(tmp_path / "in" / pattern))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every folder")
+def test_a_glob_over_a_folder_without_permissions_fails_naming_it(tmp_path):
+    _touch(tmp_path, "in/a/x.jsonl", "in/locked/y.jsonl")
+    locked = tmp_path / "in" / "locked"
+    locked.chmod(0)
+    try:
+        for pattern in ("**/*.jsonl", "*/y.jsonl"):
+            with pytest.raises(CodeParrotError, match=re.escape(f"input folder is not readable: {locked} (")):
+                resolve_data_files(str(tmp_path / "in" / pattern))
+    finally:
+        locked.chmod(0o755)  # so that pytest can remove tmp_path
+
+
+def test_globs_match_what_glob_matches(tmp_path, monkeypatch):
+    """The glob expansion that reports unreadable folders matches exactly what glob.glob(recursive=True) matches:
+    `**` at any depth, hidden names only for a pattern starting with a dot, a trailing slash for folders only,
+    links to folders followed."""
+    import glob
+
+    from codeparrot.data.record_paths import glob_paths
+
+    _touch(tmp_path, "a/x.jsonl", "a/.h.jsonl", "a/b/y.jsonl", "a/b/c/z.json.gz", ".hid/w.jsonl", "top.json")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "broken.jsonl").symlink_to(tmp_path / "nowhere")
+    monkeypatch.chdir(tmp_path)
+    for pattern in ("**", "**/*.jsonl", "a/**", "*/", "**/", ".*/*", "*/*/?.json*", "[al]*/**/*.json*",
+                    "**/.h.jsonl", "*", "nothing/*", f"{tmp_path}/**/*.gz", "a/*/c/"):
+        assert glob_paths(pattern) == sorted(glob.glob(pattern, recursive=True)), pattern
+
+
 def test_preprocess_root_stands_for_one_split_never_both(tmp_path):
     """A preprocess output (train/, valid/, stats.json) read whole would mix the splits and parse stats.json."""
     root = tmp_path / "clean"

@@ -162,3 +162,88 @@ def test_a_missing_text_column_message_stays_one_line_whatever_the_keys_hold(tmp
     assert message == (f"{src}:1 (no 'content' key; fields: '\\udce9', '\\x1b[2J', 'a\\nb', café, path): "
                        "missing text column (--strict stops at the first bad record)")
     message.encode("utf-8")
+
+
+class _BoundedReads:
+    """A data file read through `readline(size)` only, remembering the longest piece returned: what the reader held
+    of a line at once (a plain `for line in file` or `readline()` would take a whole line, however long)."""
+
+    def __init__(self, fh):
+        self.fh, self.largest = fh, 0
+
+    def readline(self, size: int = -1) -> bytes:
+        assert size > 0, "a line read without a bound"
+        piece = self.fh.readline(size)
+        self.largest = max(self.largest, len(piece))
+        return piece
+
+    def __iter__(self):
+        raise AssertionError("lines read whole")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.fh.close()
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_line_over_the_record_limit_is_a_bad_record_never_held_whole(tmp_path, monkeypatch, gz):
+    """A multi-GB line (a corrupt export, a file without line breaks) must not be read into memory in one piece
+    before it can be refused: it is read through in pieces no longer than the limit, counted as `record too large`
+    at its file:line, and reading goes on at the next line. A line of exactly the limit (line break excluded) stays."""
+    from codeparrot.data import records
+
+    limit = 1000
+    base = len(json.dumps(_record("")))
+    at_limit = json.dumps(_record("a" * (limit - base))).encode()
+    assert len(at_limit) == limit
+    data = b"".join([
+        json.dumps(_record("x = 1\n")).encode() + b"\n",
+        b'{"content": "' + b"z" * (5 * limit) + b'"}\n',  # line 2: five times the limit
+        at_limit + b"\r\n",  # line 3: exactly the limit, and a CRLF
+        json.dumps(_record("b" * (limit - base + 1))).encode() + b"\n",  # line 4: one byte over
+        json.dumps(_record("y = 2\n")).encode() + b"\n",
+        b"q" * (3 * limit),  # line 6: the last line, over the limit, without a line break
+    ])
+    src = tmp_path / ("a.jsonl.gz" if gz else "a.jsonl")
+    src.write_bytes(gzip.compress(data) if gz else data)
+    opened: list[_BoundedReads] = []
+    real_open = records.open_data_file
+    monkeypatch.setattr(records, "open_data_file", lambda path: opened.append(_BoundedReads(real_open(path)))
+                        or opened[-1])
+    bad = BadRecords()
+    kept = list(iter_raw_records([src], bad=bad, max_line_bytes=limit))
+    assert [where.line for *_, where in kept] == [1, 3, 5]
+    assert kept[1][0] == at_limit  # copied byte for byte, line break dropped
+    assert bad.counts == {"record too large": 3}
+    assert bad.first["record too large"] == f"{src}:2 ({5 * limit + 15:,} bytes, over the 1,000-byte limit)"
+    assert opened[0].largest <= limit + 2  # never more of a line at once than the limit and its line break
+
+
+def test_numbers_no_64_bit_column_holds_are_bad_records_where_lines_are_copied(tmp_path):
+    """`"size": 1e400` parses in Python as inf, and a 20-digit `copies` as an exact int; copied to the output,
+    the first makes `datasets.load_dataset("json")` fail the shard and the second comes back as an inexact float.
+    Counted with file:line wherever the number sits; the int64 and float64 limits themselves are kept, and the
+    training stream's parser (which copies nothing) is unchanged."""
+    from codeparrot.data.records import BadRecord, parse_record_line
+
+    lines = [
+        '{"content": "x = 1\\n", "size": 1e400}',
+        '{"content": "x = 2\\n", "copies": 100000000000000000000}',
+        '{"content": "x = 3\\n", "meta": {"n": [-1e999]}}',
+        '{"content": "x = 4\\n", "size": -9223372036854775809}',
+        '{"content": "x = 5\\n", "size": 9223372036854775807, "copies": -9223372036854775808, "f": 1.7e308}',
+        '{"content": "x = 6\\n", "copies": 1' + "0" * 60 + "}",
+    ]
+    src = _jsonl(tmp_path / "a.jsonl", lines)
+    bad = BadRecords()
+    assert [text for _, _, text, _ in iter_raw_records([src], bad=bad)] == ["x = 5\n"]
+    assert bad.counts == {"number out of range": 5}
+    assert bad.first["number out of range"] == f"{src}:1 (1e400 does not fit a 64-bit float)"
+    with pytest.raises(BadRecord, match=r"^number out of range \(100000000000\.\.\. \(61 characters\) does not fit a "
+                                        r"64-bit integer\)$"):  # a long number is shown cut: the message stays short
+        parse_record_line(lines[-1].encode(), "content", check_fields=True)
+    with pytest.raises(CodeParrotError, match=r"a\.jsonl:1 \(1e400 .*\): number out of range \(--strict"):
+        list(iter_records([src], strict=True))
+    assert parse_record_line(lines[0].encode(), "content")[0]["size"] == float("inf")  # the training stream

@@ -303,6 +303,48 @@ def test_resume_is_pinned_to_the_commit_the_revision_named(tiny_model, tmp_path)
     run(_config(**{**base, "revision": first, "allow_code_execution": True}))
     results = json.loads((tmp_path / "r.json").read_text())
     assert results["config"]["commit"] == first and results["per_task"]["0.8"]["HumanEval/0"]["n"] == 2
+    assert results["config"]["dtype"] == "float32"  # the weights as sampled (on a CPU: always float32)
+
+
+def test_a_hub_model_is_pinned_to_its_commit_and_dtype(tiny_model, tmp_path, monkeypatch):
+    """A Hub model's samples were recorded by the branch name only: which weights made a number was lost, and a
+    resumed run went on from whatever the branch named by then. The samples' meta now records the commit the revision
+    named (resolved before anything loads; here offline, from a Hub cache laid out as huggingface_hub writes it)
+    and the dtype the weights were sampled in; a moved branch and another dtype are refused on resume, and the old
+    commit, named as --revision, resumes."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    from codeparrot.humaneval.scoring import run
+
+    from .test_provenance import COMMIT, fake_hub_cache
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    fake_hub_cache(cache, "user/tiny", {p.name: p.read_bytes() for p in tiny_model.iterdir() if p.is_file()})
+    samples, meta_file = tmp_path / "s.jsonl", tmp_path / "s.jsonl.meta.json"
+    base = dict(problems=None, num_tasks=1, timeout=3.0, memory_mb=1024, completions=None, canonical=False,
+                model="user/tiny", revision=None, n_samples=1, batch_size=1, temperature=[0.8], top_p=0.95,
+                max_new_tokens=2, seed=0, no_strip=False, samples_file=str(samples), output=str(tmp_path / "r.json"),
+                k=[1], allow_code_execution=False, num_workers=1, execute_duplicates=False, no_progress=True,
+                allow_missing_tasks=False)
+    run(_config(**base))
+    meta = json.loads(meta_file.read_text())
+    assert meta["commit"] == COMMIT and meta["dtype"] == "float32" and "revision" not in meta
+    later = "c" * 40
+    shutil.copytree(cache / "models--user--tiny" / "snapshots" / COMMIT, cache / "models--user--tiny" / "snapshots"
+                    / later)
+    (cache / "models--user--tiny" / "refs" / "main").write_text(later)  # the branch moved on
+    with pytest.raises(CodeParrotError, match=rf"commit: '{COMMIT}' there, '{later}' now"):
+        run(_config(**base))
+    meta_file.write_text(json.dumps({**meta, "dtype": "bfloat16"}))  # as if sampled on a GPU
+    with pytest.raises(CodeParrotError, match=r"made with the weights in bfloat16, now float32"):
+        run(_config(**{**base, "revision": COMMIT}))
+    meta_file.write_text(json.dumps(meta))
+    run(_config(**{**base, "revision": COMMIT}))  # resumes: nothing left to sample
+    assert len(read_samples(samples)) == 1
 
 
 def test_prompts_too_long_for_the_context_are_refused_before_generating(tiny_model, problems, tmp_path):

@@ -145,3 +145,21 @@ def test_generate_ends_when_every_sequence_has_stopped(model, tokenizer):
     longest = max(criteria.finished_at)
     assert len(rows[0]) == longest < 64  # stopped as soon as the last row finished
     assert [finished_completion(tokenizer, r)[0] for r in rows] == ["\n    return 1", "\n    return 2"]
+
+
+def test_a_special_token_inside_a_completion_stays_in_it_and_hides_no_stop_string(tokenizer):
+    """A FIM sentinel the model emits in a left-to-right completion was skipped when decoding: the code around it was
+    glued together and scored as a program the model never wrote, and "\\n<fim_pad>def" even counted as the stop
+    string "\\ndef". Its text stays now (the program fails as the model's output would); only EOS ends a completion,
+    and when infilling the sentinels end a middle as before."""
+    from codeparrot.fim import FIM_TOKENS, fim_token_ids
+
+    eos, fim = tokenizer.eos_token_id, fim_token_ids(tokenizer)
+    body = _ids(tokenizer, "    return 1") + [fim.prefix] + _ids(tokenizer, "\n    return 2\n")
+    assert finished_completion(tokenizer, body + [eos, eos]) == ("    return 1<fim_prefix>\n    return 2\n", "eos")
+    across = _ids(tokenizer, "x = 1\n") + [fim.pad] + _ids(tokenizer, "def g():")
+    criteria = StopStringsCriteria(tokenizer, 0)
+    for step in range(1, len(across) + 1):
+        assert not criteria(torch.tensor([across[:step]]))[0], tokenizer.decode(across[:step])
+    assert finished_completion(tokenizer, across) == ("x = 1\n<fim_pad>def g():", "length")
+    assert finished_completion(tokenizer, body, FIM_TOKENS, stop_ids=fim.all()) == ("    return 1", "sentinel")

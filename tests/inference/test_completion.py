@@ -241,3 +241,55 @@ def test_generate_completions_checks_the_same_settings(memorized):
 def test_output_that_is_a_directory_is_refused_before_the_model_loads(tmp_path, load_script):
     with pytest.raises(CodeParrotError, match=f"^--output {tmp_path} is a directory"):
         load_script("generate").main(_generate_argv(tmp_path, "--prompt", "x", "--output", str(tmp_path)))
+
+
+def test_the_checkpoints_generation_config_is_ignored_and_the_cli_says_so(tiny_models, memorized, tmp_path, capsys,
+                                                                            load_script):
+    """A third-party checkpoint's generation_config.json (here a repetition penalty, a banned token and
+    min_new_tokens, as some Hub models ship) must not change what the flags ask for: `generate` fills every setting
+    it is not passed from it, so before, greedy and sampled completions silently changed. The model's own config is
+    left as it was, and scripts/generate.py says once which settings it ignored."""
+    import shutil
+
+    from codeparrot.inference.decoding import checkpoint_note
+
+    plain_model, tok = memorized
+    folder = tmp_path / "third-party"
+    shutil.copytree(tiny_models["memorized"], folder)
+    model, _ = load_model_and_tokenizer(str(folder), device="cpu")
+    first = tok("\n", add_special_tokens=False)["input_ids"][0]  # the memorized body's first token
+    model.generation_config.update(repetition_penalty=5.0, bad_words_ids=[[first]], min_new_tokens=30)
+    model.generation_config.save_pretrained(folder)
+    model, _ = load_model_and_tokenizer(str(folder), device="cpu")
+    assert model.generation_config.bad_words_ids == [[first]]  # what a checkpoint shipping the file loads with
+    kw = dict(max_new_tokens=40, stop=False)
+    for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 1}):
+        expected = generate_completions(plain_model, tok, "def add(a, b):", **kw, **sampling)
+        assert generate_completions(model, tok, "def add(a, b):", **kw, **sampling) == expected
+    assert model.generation_config.repetition_penalty == 5.0
+    assert checkpoint_note(plain_model, tok.eos_token_id) is None  # our own checkpoints: nothing to say
+    capsys.readouterr()
+    assert load_script("generate").main(["--model", str(folder), "--prompt", "def add(a, b):", "--temperature", "0",
+                                         "--max-new-tokens", "40", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "def add(a, b):\n    return a + b\n"
+    [note] = [line for line in captured.err.splitlines() if line.startswith("note:")]
+    assert f"bad_words_ids=[[{first}]]" in note and "min_new_tokens=30" in note and "repetition_penalty=5.0" in note
+    assert "ignored: only the flags decide" in note
+
+
+def test_a_special_token_the_model_emits_stays_in_the_streamed_and_final_completion(memorized):
+    """A FIM sentinel the model emits in a left-to-right completion was skipped when decoding: the code around it
+    was glued together and shown (and scored) as code the model never wrote. It stays as its text now, in the
+    stream and in the completion alike."""
+    _, tok = memorized
+    sentinel = tok.convert_tokens_to_ids("<fim_middle>")
+    ids = (tok("\n    return a", add_special_tokens=False)["input_ids"] + [sentinel]
+           + tok(" + b\n", add_special_tokens=False)["input_ids"])
+    written: list[str] = []
+    streamer = CompletionStreamer(tok, write=written.append)
+    streamer.put(torch.tensor([[tok.eos_token_id]]))  # the prompt
+    for i in ids:
+        streamer.put(torch.tensor([i]))
+    streamer.end()
+    assert "".join(written) == streamer.text == "\n    return a<fim_middle> + b\n"

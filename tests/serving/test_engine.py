@@ -158,6 +158,26 @@ def test_bounds_are_answered_at_submit(random_model):
     engine.close()
 
 
+def test_a_request_cancelled_while_it_waits_gives_its_place_back_at_once(random_model, engine_for, monkeypatch):
+    """Editors drop a request at each keystroke. One dropped while it waited behind a request waiting for rows kept
+    counting against --max-concurrent-requests until that one started: live clients were answered 429."""
+    model, tokenizer = random_model
+    engine = engine_for(model, tokenizer, max_batch_size=1, max_requests=3)
+    gate, real_step = threading.Event(), engine.batch.step
+    monkeypatch.setattr(engine.batch, "step", lambda tokens: gate.wait(30) and real_step(tokens))
+    ids, params, events = build_prompt_ids(tokenizer, "x ="), SamplingParams(max_new_tokens=3), []
+    try:
+        engine.submit(ids, params, lambda event: None)  # takes the one row, held at its first step
+        engine.submit(ids, params, lambda event: None)  # waits for that row
+        gone = engine.submit(ids, params, events.append)  # waits behind it
+        engine.cancel(gone)
+        assert [event[0] for event in events] == ["error"] and engine.stats()["requests"] == 2
+        engine.submit(ids, params, lambda event: None)  # its place is free: not "overloaded"
+    finally:
+        gate.set()
+    assert engine.counts["cancelled"] == 1
+
+
 def test_a_failing_forward_fails_its_requests_not_the_engine(random_model, engine_for, monkeypatch):
     model, tokenizer = random_model
     engine = engine_for(model, tokenizer)

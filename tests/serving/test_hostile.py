@@ -104,9 +104,25 @@ def test_tgi_routes_refuse_bad_bodies_in_tgi_format(hostile, body, words):
     (b'{"prompt": "x", "n": 1000000}', "--max-n"),
     (b'{"prompt": "x", "logprobs": 3, "stream": true}', "stream"),
     (b'{"prompt": "x", "suffix": "y\\udc00"}', "not valid Unicode"),
+    (b'{"prompt": "x", "repetition_penalty": 1.2}', "repetition_penalty"),
+    (b'{"prompt": "x", "min_p": 0.1}', "min_p"),
+    (b'{"prompt": "x", "top_k": -2}', "top_k"),
 ])
 def test_openai_route_refuses_bad_bodies_in_openai_format(hostile, body, words):
     assert_openai_error(request(hostile, "POST", "/v1/completions", body), 400, words)
+
+
+def test_openai_route_applies_top_k_rather_than_ignoring_it(hostile):
+    """OpenAI-compatible clients send vLLM's `top_k`; it was dropped with the unknown fields, so `top_k: 1` (the
+    argmax) still sampled from the whole vocabulary. 0 and -1 are vLLM's "off"."""
+    def text(**extra):
+        body = {"prompt": "x =", "max_tokens": 8, "seed": 3, **extra}
+        code, _, answer = request(hostile, "POST", "/v1/completions", body)
+        assert code == 200, answer
+        return answer["choices"][0]["text"]
+
+    assert text(temperature=1.0, top_k=1) == text(temperature=0)
+    assert text(temperature=1.0, top_k=-1) == text(temperature=1.0, top_k=0) == text(temperature=1.0)
 
 
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])

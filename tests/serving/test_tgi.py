@@ -4,6 +4,7 @@ llm-ls' exact `tgi` wire format, all against a server on 127.0.0.1, all answerin
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 
 import pytest
@@ -64,6 +65,30 @@ def test_hub_client_stop_sequence_sampling_and_extras(hub, generate_py):
     assert len(best.details.best_of_sequences) == 1
     full = hub.text_generation(PROMPT, max_new_tokens=NEW_TOKENS, return_full_text=True)
     assert full == PROMPT + expected
+
+
+def test_stream_sends_each_token_when_it_is_chosen(served, monkeypatch, generate_py):
+    """Each token event used to wait until the next token existed (in case it was the last, which carries the whole
+    text): every token, the first included, reached the client a decoding step late. Here every step after the
+    prefill waits until the client has read the first event; the last event still ends where the stop sequence
+    does, spanning tokens."""
+    gate, real_step = threading.Event(), served.state.engine.batch.step
+    monkeypatch.setattr(served.state.engine.batch, "step", lambda tokens: gate.wait(10) and real_step(tokens))
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": NEW_TOKENS, "stop": ["\ndef"]}}
+    request = urllib.request.Request(served.url + "/generate_stream", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=3) as answer:
+            first = answer.readline()  # before any decoding step: the prefill's token
+            gate.set()
+            lines = [first] + answer.read().split(b"\n")
+    finally:
+        gate.set()
+    events = [json.loads(line[5:]) for line in lines if line.startswith(b"data:")]
+    expected = generate_py(PROMPT)
+    assert events[0]["token"]["text"] and events[-1]["details"]["finish_reason"] == "stop_sequence"
+    assert "".join(e["token"]["text"] for e in events) == events[-1]["generated_text"] == \
+        expected[:expected.index("\ndef") + 4]
 
 
 def test_hub_client_errors_are_typed(hub):

@@ -1,7 +1,8 @@
 """Checkpoints and resumes in-process, on a 1-layer GPT-2 and one CPU Accelerator (no training run): what is on disk
 before a checkpoint is published, leftovers of killed saves, file modes, a resume from an older checkpoint of a
 run, the micro-step counter, the RNG states, the data position under another micro-batch, the optimizer settings
-of the config and the non-finite guard's counters. The kill-and-resume runs are in test_resume.py, damaged
+of the config, the non-finite guard's counters, the checkpoint every process resumes from (processes as threads)
+and the setup a checkpoint must be resumed under. The kill-and-resume runs are in test_resume.py, damaged
 checkpoints in test_checkpoint_verification.py."""
 
 from __future__ import annotations
@@ -259,3 +260,177 @@ def dead_owner() -> str:
 
     host = atomic_io._owner().split("-", 1)[0]
     return f"{host}-{2**22 + 12345}"
+
+
+# ---- a resume: the checkpoint the main process chose, on every process; a setup it can load ----
+def _save_two_process_checkpoint(tiny, run_dir: Path, step: int) -> Path:
+    """A checkpoint as 2 processes write it (rank 1's files copied from rank 0's), verified like a real one."""
+    from codeparrot.training.checkpointing import write_manifest
+
+    folder = save_checkpoint(tiny.accelerator, tiny.model, None, run_dir, TrainerState(step, 16 * step, 2, "tiny"),
+                             {}, {}, 5)
+    state = folder / "training_state"
+    for name in ("data_rank{}.pt", "random_states_{}.pkl"):
+        (state / name.format(1)).write_bytes((state / name.format(0)).read_bytes())
+    write_manifest(folder)
+    return folder
+
+
+class ThreadGroup:
+    """Processes as threads, with the two collectives `choose_resume` uses; rank 0 is started first and `between`
+    runs once it waits in the first collective (its decision made). A rank left waiting fails after 10 s (a
+    BrokenBarrierError) instead of hanging the test."""
+
+    def __init__(self, world: int):
+        import threading
+
+        self.barrier, self.slots, self.world = threading.Barrier(world, timeout=10), [None] * world, world
+
+    def broadcast(self, rank: int):
+        def send(obj):
+            if rank == 0:
+                self.slots[0] = obj
+            self.barrier.wait()
+            value = self.slots[0]
+            self.barrier.wait()
+            return value
+        return send
+
+    def gather(self, rank: int):
+        def collect(obj):
+            self.slots[rank] = obj
+            self.barrier.wait()
+            values = list(self.slots)
+            self.barrier.wait()
+            return values
+        return collect
+
+    def run(self, body, between=lambda: None) -> list:
+        import threading
+        import time
+
+        results: list = [None] * self.world
+
+        def target(rank):
+            try:
+                results[rank] = body(rank, self.broadcast(rank), self.gather(rank))
+            except BaseException as err:  # noqa: BLE001 - compared by the test
+                results[rank] = err
+
+        threads = [threading.Thread(target=target, args=(rank,)) for rank in range(self.world)]
+        threads[0].start()
+        deadline = time.monotonic() + 10
+        while self.barrier.n_waiting < 1 and threads[0].is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        between()
+        for thread in threads[1:]:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        return results
+
+
+def test_every_process_resumes_from_the_checkpoint_the_main_process_chose(tiny, tmp_path):
+    """Each process used to resolve `--resume auto` itself: one seeing the shared run folder through a stale
+    attribute cache (here: rank 1's own view holds only step-1) trained on from another checkpoint, silently."""
+    from codeparrot.training.launch_checks import choose_resume
+
+    run_dir, stale = tmp_path / "run", tmp_path / "stale-view"
+    _save_two_process_checkpoint(tiny, run_dir, 1)
+    chosen = _save_two_process_checkpoint(tiny, run_dir, 2)
+    _save_two_process_checkpoint(tiny, stale, 1)
+    views = {0: run_dir, 1: stale}
+
+    def resume(rank, broadcast, gather):
+        return choose_resume("auto", views[rank], world=2, main=rank == 0, max_steps=10, broadcast=broadcast,
+                             gather=gather)
+
+    for point in ThreadGroup(2).run(resume):
+        assert not isinstance(point, BaseException), point
+        assert (point.checkpoint, point.state.step, point.finished) == (chosen, 2, False)
+
+
+def test_a_checkpoint_a_process_cannot_use_fails_every_process_with_one_line(tiny, tmp_path):
+    """Pruned (or not yet visible) on rank 1 after rank 0 chose it; rank 0's own error, too, reaches every
+    process: no process waits in a collective for one that failed."""
+    import shutil
+
+    from codeparrot.training.launch_checks import choose_resume
+
+    chosen = _save_two_process_checkpoint(tiny, tmp_path, 2)
+
+    def resume(rank, broadcast, gather):
+        return choose_resume("auto", tmp_path, world=2, main=rank == 0, max_steps=10, broadcast=broadcast,
+                             gather=gather)
+
+    results = ThreadGroup(2).run(resume, between=lambda: shutil.rmtree(chosen))
+    assert all(isinstance(r, CodeParrotError) for r in results), results
+    assert str(results[0]) == str(results[1]) == (
+        f"cannot resume from {chosen}, the checkpoint the main process chose: process 1: resume checkpoint {chosen} "
+        "does not exist or is not a folder (every process must see the run folder as the main process does: one "
+        "shared filesystem)")
+
+    _save_two_process_checkpoint(tiny, tmp_path, 2)  # written by 2 processes, resumed by 3: rank 0 refuses it
+    results = ThreadGroup(3).run(lambda rank, broadcast, gather: choose_resume(
+        "auto", tmp_path, world=3, main=rank == 0, max_steps=10, broadcast=broadcast, gather=gather))
+    assert [str(r) for r in results] == [f"{chosen} was written by 2 processes; resume it with that many, not 3 "
+                                         "(each process has its own data position)"] * 3
+
+
+def test_a_resume_under_another_sharding_or_into_fp16_is_refused_at_start(tiny, tmp_path):
+    """Each used to end in an Accelerate FileNotFoundError traceback once the model was prepared (DDP <-> FSDP,
+    FSDP sharded <-> full state dict: checked with 2 CPU processes; fp16 needs scaler.pt). What Accelerate loads
+    correctly stays allowed: another data-parallel type, bf16 <-> no (float32 weights and optimizer state
+    either way), fp16 -> bf16."""
+    import json
+
+    from codeparrot.training.checkpointing import read_state, run_setup
+    from codeparrot.training.launch_checks import check_resume_setup, saved_setup
+
+    folder = _save(tiny, tmp_path, 1)
+    now = run_setup(tiny.accelerator)
+    assert read_state(folder).setup == now == {"distributed_type": "NO", "mixed_precision": "no",
+                                               "grad_scaler": False, "fsdp_state_dict_type": None,
+                                               "fsdp_version": None}
+    assert check_resume_setup(folder, saved_setup(folder, read_state(folder)), now) == []
+
+    def setup(**changes):
+        return {**now, **changes}
+
+    fsdp = setup(distributed_type="FSDP", fsdp_state_dict_type="SHARDED_STATE_DICT", fsdp_version=2)
+    ddp, fp16 = setup(distributed_type="MULTI_GPU"), setup(mixed_precision="fp16", grad_scaler=True)
+    with pytest.raises(CodeParrotError, match=r"^cannot resume from .*step-1: it was saved under distributed type "
+                                              r"FSDP, this run is MULTI_GPU: the optimizer state and model in its "
+                                              r"training_state/ cannot be loaded under another; launch it with the "
+                                              r"Accelerate config it was saved with, or start a new run from its "
+                                              r"weights \(--model .*step-1 --revision null --run_name NEW"):
+        check_resume_setup(folder, fsdp, ddp)
+    with pytest.raises(CodeParrotError, match="saved under distributed type MULTI_GPU, this run is FSDP"):
+        check_resume_setup(folder, ddp, fsdp)
+    with pytest.raises(CodeParrotError, match=r"saved with fsdp_state_dict_type SHARDED_STATE_DICT, this run has "
+                                              r"FULL_STATE_DICT: .* launch with fsdp_state_dict_type: "
+                                              r"SHARDED_STATE_DICT in the Accelerate config"):
+        check_resume_setup(folder, fsdp, {**fsdp, "fsdp_state_dict_type": "FULL_STATE_DICT"})
+    with pytest.raises(CodeParrotError, match=r"saved with mixed_precision bf16, this run has fp16, whose loss "
+                                              r"scaler needs the state \(scaler.pt\) only an fp16 checkpoint holds; "
+                                              r"resume with --mixed_precision bf16"):
+        check_resume_setup(folder, setup(mixed_precision="bf16"), fp16)
+    assert check_resume_setup(folder, ddp, now) == []  # MULTI_GPU -> one process (of a matching checkpoint)
+    assert check_resume_setup(folder, {**fsdp, "fsdp_version": 1}, fsdp) == []  # not refused: DCP either way
+    assert check_resume_setup(folder, setup(mixed_precision="bf16"), now) == [
+        "mixed_precision bf16 (the checkpoint's) -> no (this run's)"]
+    assert check_resume_setup(folder, fp16, setup(mixed_precision="bf16")) == [
+        "mixed_precision fp16 (the checkpoint's) -> bf16 (this run's)"]
+
+    # saved before the setup was recorded: read off Accelerate's files
+    data = json.loads((folder / "trainer_state.json").read_text())
+    del data["setup"]
+    (folder / "trainer_state.json").write_text(json.dumps(data))
+    assert check_resume_setup(folder, saved_setup(folder, read_state(folder)), now) == []
+    (folder / "training_state" / "pytorch_model_fsdp_0").mkdir()
+    with pytest.raises(CodeParrotError, match="saved under distributed type FSDP, this run is NO"):
+        check_resume_setup(folder, saved_setup(folder, read_state(folder)), now)
+    with pytest.raises(CodeParrotError, match=r"saved with mixed_precision bf16 or no, this run has fp16.* resume with "
+                                              r"--mixed_precision bf16 \(or no\)"):
+        check_resume_setup(folder, saved_setup(folder, read_state(folder)), {**fsdp, "mixed_precision": "fp16",
+                                                                             "grad_scaler": True})

@@ -3,6 +3,7 @@ plain token mean over the whole split, one shape for every forward, and no value
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -46,22 +47,69 @@ def test_padding_rows_are_masked_tokens():
     assert labels.tolist() == [[5, 6, 7], [IGNORE_INDEX] * 3, [IGNORE_INDEX] * 3]
 
 
-def test_a_dataset_without_one_complete_sequence_is_an_error_not_a_nan(tiny_models, tmp_path):
-    """It used to print `validation loss nan`, exit 0 and write NaN (not JSON) into the result."""
+def test_a_dataset_without_one_complete_sequence_is_refused_before_the_model_loads(tiny_models, tmp_path,
+                                                                                    monkeypatch):
+    """It used to print `validation loss nan`, exit 0 and write NaN (not JSON) into the result; then to fail only
+    after loading the model and evaluating."""
     from accelerate.state import AcceleratorState, GradientState
 
     from codeparrot.errors import CodeParrotError
-    from codeparrot.training.validation import validation_loss
+    from codeparrot.training import validation
 
+    def load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the data was checked")
+
+    monkeypatch.setattr(validation, "load_pretrained_model", load)
     data = tmp_path / "short.jsonl"
     data.write_text('{"content": "x = 1"}\n')
     try:
-        with pytest.raises(CodeParrotError, match=r"nothing to evaluate: .*short.jsonl holds no complete sequence of "
-                                                  r"32 tokens"):
-            validation_loss(str(tiny_models["random"]), str(data), seq_length=32)
+        with pytest.raises(CodeParrotError, match=r"^--dataset .*short.jsonl holds \d tokens, not one sequence of 32 "
+                                                  r"tokens \(--seq-length\): its validation loss would be NaN; give at "
+                                                  r"least 32 tokens of validation data, a shorter --seq-length"):
+            validation.validation_loss(str(tiny_models["random"]), str(data), seq_length=32)
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
+
+
+def test_a_validation_split_without_one_sequence_is_refused_before_training(tiny_models, tmp_path):
+    """Training used to log `val_loss NaN` at every evaluation. Text data is dealt by file to the readers
+    (processes × DataLoader workers), each of which drops its own short tail: two files of 17-31 tokens make one
+    sequence of 32 for one reader and none for two. Pretokenized data is refused when it holds fewer tokens than
+    one sequence (it deals whole sequences)."""
+    from codeparrot.errors import CodeParrotError
+    from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.config import DataConfig, TrainConfig
+    from codeparrot.training.datasets.pretokenize import pretokenize
+    from codeparrot.training.run_data import build_datasets
+
+    tokenizer = load_tokenizer(str(tiny_models["random"]))
+    text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+    assert 16 <= len(tokenizer(text)["input_ids"]) < 31  # + EOS: 17-31 tokens per file
+    two = tmp_path / "two.jsonl"
+    two.write_text(f"{json.dumps({'content': text})}\n" * 2)
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"content": "x = 1"}\n')
+
+    def datasets(valid, rank=0, world=1, workers=0):
+        cfg = TrainConfig(model="m", data=DataConfig(train=str(two), valid=str(valid), seq_length=32,
+                                                     num_workers=workers))
+        return build_datasets(cfg, tokenizer, rank, world)
+
+    with pytest.raises(CodeParrotError, match=r"^data.valid .*short.jsonl holds \d tokens, not one sequence of 32 "
+                                              r"tokens \(data.seq_length\): its validation loss would be NaN"):
+        datasets(short)
+    assert len(list(datasets(two)[1])) == 1  # one reader: one sequence, evaluated
+    refused = (r"^data.valid .*two.jsonl holds \d+ tokens, dealt by file to 2 readers \(processes × dataloader "
+               r"workers\) .* at most \d+ tokens each: not one sequence of 32 tokens \(data.seq_length\) for any of "
+               r"them")
+    with pytest.raises(CodeParrotError, match=refused):
+        datasets(two, rank=1, world=2)
+    with pytest.raises(CodeParrotError, match=refused):
+        datasets(two, workers=2)
+    pretokenize(str(short), tokenizer, tmp_path / "tokens", progress=False)
+    with pytest.raises(CodeParrotError, match=r"tokens holds \d tokens, fewer than one sequence of 32"):
+        datasets(tmp_path / "tokens")
 
 
 def test_bad_output_and_sequence_length_are_refused_before_the_evaluation(tmp_path, monkeypatch):

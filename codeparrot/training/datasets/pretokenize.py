@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
-from codeparrot.data.records import iter_record_lines, resolve_data_files
+from codeparrot.data.records import resolve_data_files
 from codeparrot.errors import CodeParrotError
 from codeparrot.file_lock import exclusive_lock
 from codeparrot.repository.datasets import open_dataset_repository, publish_pretokenized
@@ -48,7 +48,7 @@ from codeparrot.training.datasets.pretokenized import (
     read_json_object,
     tokenizer_fingerprint,
 )
-from codeparrot.training.datasets.record_streams import check_has_records, parse_record
+from codeparrot.training.datasets.record_streams import check_has_records, parse_record, record_lines
 from codeparrot.worker_pool import WatchedResult, start_pool, stop_pool
 
 _WORKER: dict = {}
@@ -68,7 +68,7 @@ def _batches(files: list[str], text_column: str, batch_size: int, start_file: in
     for file_idx in range(start_file, len(files)):
         path, texts = files[file_idx], []
         try:
-            for line, raw in iter_record_lines(path, start_line if file_idx == start_file else 0):
+            for line, raw in record_lines(path, start_line if file_idx == start_file else 0):
                 texts.append(parse_record(raw, text_column, path, line))
                 if len(texts) >= batch_size:
                     yield file_idx, line, texts

@@ -48,13 +48,28 @@ from typing import Iterator
 
 import numpy as np
 
-from codeparrot.data.records import BadRecord, iter_record_lines, parse_record_line
+from codeparrot.data.records import (
+    MAX_RECORD_BYTES,
+    BadRecord,
+    LongLine,
+    iter_record_lines,
+    parse_record_line,
+    too_large,
+)
 from codeparrot.errors import CodeParrotError, first_line
 
 
-def parse_record(raw: bytes, text_column: str, path: str, line: int) -> str:
+def record_lines(path: str, start_line: int = 0) -> Iterator[tuple[int, bytes | LongLine]]:
+    """`iter_record_lines` with preprocess's line limit: a multi-GB line (a corrupt file, one without line breaks)
+    is read through in bounded pieces by every reader that scans it, never held whole; `parse_record` refuses it."""
+    return iter_record_lines(path, start_line, max_line_bytes=MAX_RECORD_BYTES)
+
+
+def parse_record(raw: bytes | LongLine, text_column: str, path: str, line: int) -> str:
     """The text field of one JSON line; `CodeParrotError` naming file:line and the reason when it is not a JSON
-    object with a string `text_column` (`codeparrot.data.records.parse_record_line`)."""
+    object with a string `text_column` (`codeparrot.data.records.parse_record_line`) or is over the line limit."""
+    if isinstance(raw, LongLine):
+        raise CodeParrotError(f"{path}:{line}: record too large ({too_large(raw.nbytes, MAX_RECORD_BYTES)})")
     try:
         return parse_record_line(raw, text_column)[1]
     except BadRecord as err:
@@ -65,7 +80,7 @@ def check_has_records(files: list[str], text_column: str, label: str) -> None:
     """Fail early (one line naming `label`) when no file holds a record, or the first record lacks the column.
     Reads only up to the first non-blank line, so it costs nothing on a real corpus."""
     for path in files:
-        lines = iter_record_lines(path)
+        lines = record_lines(path)
         first = next(lines, None)
         lines.close()
         if first is not None:
@@ -111,7 +126,7 @@ class LocalRecordStream:
         while self.file_pos < len(self.epoch_files):
             path = self.epoch_files[self.file_pos]
             if self._lines is None:  # resume: the first `line` lines are decompressed, not parsed
-                self._lines = iter_record_lines(path, start_line=self.line)
+                self._lines = record_lines(path, start_line=self.line)
             for self.line, raw in self._lines:
                 index, self.record = self.record, self.record + 1
                 if index % self.n_readers == self.reader_id:

@@ -129,3 +129,22 @@ def test_a_position_saved_under_the_old_deal_is_refused_with_one_line(tokenizer,
     old = {**ds.state_dict(), "version": 1}
     with pytest.raises(CodeParrotError, match="format version 1; this code reads version 2"):
         ConstantLengthDataset(tokenizer, folder, seq_length=32, num_of_sequences=2).load_state_dict(old)
+
+
+def test_a_line_over_the_record_limit_stops_its_reader_and_the_others_pass_it(tmp_path, monkeypatch):
+    """A corrupt shard with a huge line (no line breaks): every reader scans it in bounded pieces; the reader it
+    belongs to stops with one line naming file:line, the others keep its record number and read on."""
+    import codeparrot.training.datasets.record_streams as record_streams
+    from codeparrot.errors import CodeParrotError
+
+    monkeypatch.setattr(record_streams, "MAX_RECORD_BYTES", 200)
+    shard = tmp_path / "shard.jsonl"
+    lines = [json.dumps({"content": f"text {i}"}) for i in range(4)]
+    lines[1] = json.dumps({"content": "x" * 1000})  # record 1: reader 1's of two
+    shard.write_text("\n".join(lines) + "\n")
+    other = LocalRecordStream([str(shard)], "content", 0, 2, shuffle_files=False, seed=0)
+    assert [other.next_text(), other.next_text(), other.next_text()] == ["text 0", "text 2", None]
+    owner = LocalRecordStream([str(shard)], "content", 1, 2, shuffle_files=False, seed=0)
+    too_large = rf"^{shard}:2: record too large \(1,015 bytes, over the 200-byte limit\)$"
+    with pytest.raises(CodeParrotError, match=too_large):
+        owner.next_text()
