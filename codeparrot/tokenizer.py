@@ -21,6 +21,7 @@ optionally commit to a checkpoint repository.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -37,9 +38,12 @@ from codeparrot.config import REQUIRED, doc
 from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
 from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.fim.tokens import FIM_TOKENS
+from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.local import LocalGitRepository
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 
 EOS_TOKEN = "<|endoftext|>"
+MIN_VOCAB = 256 + 1 + len(FIM_TOKENS)  # the byte symbols, EOS and the FIM sentinels
 # Written next to the tokenizer files by `save_tokenizer` (bytes/token, training time, corpus size).
 STATS_FILE = "tokenizer_stats.json"
 
@@ -73,24 +77,52 @@ def wrap_tokenizer(tok):
     )
 
 
-class _CountingIterator:
-    """Yields the texts (at most `limit`) and counts the UTF-8 bytes it handed out, for MB/s."""
+def _utf8_size(text: str, index: int) -> int:
+    """The UTF-8 size of `text`, the `index`-th (1-based) of its texts; a one-line error for a text holding an
+    unpaired surrogate, which no byte sequence encodes (the tokenizer's Rust side refuses it with a raw error)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        raise CodeParrotError(f"example {index} holds an unpaired surrogate at character {err.start} (not UTF-8 "
+                              "text; codeparrot.data.records counts such records as invalid UTF-8)") from None
 
-    def __init__(self, texts: Iterable[str], limit: int | None):
-        self.texts, self.limit = texts, limit
+
+# How often training reports its reading progress where stderr is not a terminal (a log file).
+PROGRESS_EVERY_S = 30.0
+
+
+class _CountingIterator:
+    """Yields the texts (at most `limit`) and counts the UTF-8 bytes it handed out, for MB/s. `report`: a line
+    with counts and rates to stderr every `PROGRESS_EVERY_S` seconds and when the texts are all read."""
+
+    def __init__(self, texts: Iterable[str], limit: int | None, report: bool = False):
+        self.texts, self.limit, self.report = texts, limit, report
         self.n_texts = 0
         self.n_bytes = 0
 
-    def __iter__(self) -> Iterator[str]:
+    def _progress(self, seconds: float, done: bool) -> None:
+        seconds = max(seconds, 1e-9)
+        of = "all " if done else ""
+        total = "" if done or self.limit is None else f"/{self.limit:,}"
+        rates = f"{self.n_bytes / 1e6 / seconds:.2f} MB/s, {self.n_texts / seconds:,.0f} files/s"
+        print(f"tokenizer: read {of}{self.n_texts:,}{total} files, {self.n_bytes / 1e6:,.1f} MB in {seconds:,.0f} s "
+              f"({rates})" + ("; computing the merges" if done else ""), file=sys.stderr, flush=True)
 
+    def __iter__(self) -> Iterator[str]:
+        start = last = time.monotonic()
         # islice stops before pulling item limit+1, so a shared iterator can go on to a held-out split.
         for text in itertools.islice(self.texts, self.limit):
             if not isinstance(text, str):
                 raise CodeParrotError(f"tokenizer training expects strings, got {type(text).__name__} "
                                       f"at example {self.n_texts + 1}")
             self.n_texts += 1
-            self.n_bytes += len(text.encode("utf-8", "surrogatepass"))
+            self.n_bytes += _utf8_size(text, self.n_texts)
+            if self.report and (now := time.monotonic()) - last >= PROGRESS_EVERY_S:
+                last = now
+                self._progress(now - start, done=False)
             yield text
+        if self.report and self.n_texts:  # the merges that follow report nothing: say where the time goes
+            self._progress(time.monotonic() - start, done=True)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 32768, length: int | None = None,
@@ -101,19 +133,20 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 32768, length: int |
     Returns a `transformers.PreTrainedTokenizerFast`; `tokenizer.train_stats` holds the corpus size and time.
     """
 
-    min_vocab = 256 + 1 + len(FIM_TOKENS)
-    if vocab_size < min_vocab:
-        raise CodeParrotError(f"vocab_size must be at least {min_vocab} (256 bytes + {EOS_TOKEN} + "
+    if vocab_size < MIN_VOCAB:
+        raise CodeParrotError(f"vocab_size must be at least {MIN_VOCAB} (256 bytes + {EOS_TOKEN} + "
                               f"{len(FIM_TOKENS)} FIM tokens), got {vocab_size}")
     tok = _byte_level_bpe()
+    # The Rust trainer's bars (counts, no rates) print only blank lines where stderr is not a terminal (a log
+    # file): there, our own lines with rates instead.
+    terminal = sys.stderr.isatty()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[EOS_TOKEN, *FIM_TOKENS],  # ids 0-4
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 byte symbols
-        # The Rust trainer's bars print only blank lines where stderr is not a terminal (a log file).
-        show_progress=show_progress and sys.stderr.isatty(),
+        show_progress=show_progress and terminal,
     )
-    counted = _CountingIterator(texts, length)
+    counted = _CountingIterator(texts, length, report=show_progress and not terminal)
     start = time.perf_counter()
     tok.train_from_iterator(counted, trainer=trainer, length=length)
     seconds = time.perf_counter() - start
@@ -142,8 +175,8 @@ def bytes_per_token(tokenizer, texts: Iterable[str], batch_size: int = 256) -> f
             n_tokens += len(enc.ids)
         batch.clear()
 
-    for text in texts:
-        n_bytes += len(text.encode("utf-8", "surrogatepass"))
+    for index, text in enumerate(texts, start=1):
+        n_bytes += _utf8_size(text, index)
         batch.append(text)
         if len(batch) >= batch_size:
             flush()
@@ -208,11 +241,12 @@ class TokenizerTrainingConfig:
     valid_examples: int = doc(2000, "at most this many validation files are measured")
     repo: str | None = doc(None, "optionally commit the tokenizer to this checkpoint repository's main branch (a "
                                  "local path or a Hub id user/name)")
-    progress: bool = doc(True, "no progress bar", flag="--quiet", inverted=True)
+    progress: bool = doc(True, "no progress bar or progress lines", flag="--quiet", inverted=True)
 
     def validate(self) -> None:
-        if self.vocab_size < 257:
-            raise CodeParrotError(f"--vocab-size must be at least 257 (256 bytes + {EOS_TOKEN}), got {self.vocab_size}")
+        if self.vocab_size < MIN_VOCAB:  # the same bound as train_tokenizer's, checked before any file is read
+            raise CodeParrotError(f"--vocab-size must be at least {MIN_VOCAB} (256 bytes + {EOS_TOKEN} + "
+                                  f"{len(FIM_TOKENS)} FIM tokens), got {self.vocab_size}")
         if self.n_examples < 1 or self.valid_examples < 1:
             raise CodeParrotError("--n-examples and --valid-examples must be positive")
 
@@ -228,6 +262,16 @@ def _valid_files(cfg: TokenizerTrainingConfig) -> list[Path] | None:
     return None
 
 
+def _check_no_initial_model(repo: CheckpointRepository, ref: str, out: Path) -> None:
+    """Refuse to commit a tokenizer to a repository whose main holds the initial model: a commit replaces the
+    branch's whole tree, so main would keep the tokenizer alone (the weights gone, a new initialization refused)."""
+    if any(b.name == "main" for b in repo.list_branches()) and any(
+            c.message == INITIAL_MESSAGE for c in repo.list_commits("main")):
+        raise CodeParrotError(f"{ref} already has an initial model on main: committing the tokenizer there would "
+                              f"replace the model (to pair a new tokenizer with a new model: initialize_model.py "
+                              f"--force --tokenizer {out} --repo {ref})")
+
+
 def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     """Train on the first `n_examples` files of `dataset`, measure bytes/token on held-out files, save into
     `output_dir` (with `tokenizer_stats.json`, whose contents are returned), commit to `repo` when given.
@@ -237,16 +281,24 @@ def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "tokenizer.json").is_file())):
         raise CodeParrotError(f"{out} exists and is not a tokenizer folder; refusing to replace it")
     train_files = resolve_data_files(cfg.dataset, split="train")  # a preprocess root stands for its train/
+    local = None if not cfg.repo or is_hub_ref(cfg.repo) else Path(strip_scheme(cfg.repo)).expanduser()
+    if cfg.repo and (local is None or (local.exists() and not (local.is_dir() and not any(local.iterdir())))):
+        # checked before the minutes of training (a Hub repository is created now: a missing write permission
+        # shows here, not after training); a new local one (missing, an empty folder) is made at the commit
+        _check_no_initial_model(open_repository(cfg.repo, create=local is None), cfg.repo, out)
     valid_files = _valid_files(cfg)
     skipped = BadRecords()  # bad records are counted and skipped, not fatal, in a long run
     stream = iter_texts(train_files, cfg.text_column, skipped)
     print(f"training a {cfg.vocab_size}-token byte-level BPE on up to {cfg.n_examples} files from "
           f"{len(train_files)} shard(s)", file=sys.stderr)
     tokenizer = train_tokenizer(stream, vocab_size=cfg.vocab_size, length=cfg.n_examples, show_progress=cfg.progress)
-    stats = dict(tokenizer.train_stats)
+    stats = dict(tokenizer.train_stats, requested_vocab_size=cfg.vocab_size)
     if stats["train_examples"] < cfg.n_examples:
         print(f"note: the dataset has only {stats['train_examples']} usable files (asked for {cfg.n_examples})",
               file=sys.stderr)
+    if stats["vocab_size"] < cfg.vocab_size:  # BPE ran out of pairs to merge; the model will get this vocabulary
+        print(f"note: the training files hold only enough merges for {stats['vocab_size']} tokens (asked for "
+              f"{cfg.vocab_size}); train on more files (--n-examples) for the full vocabulary", file=sys.stderr)
     if valid_files:
         valid_texts = list(itertools.islice(iter_texts(valid_files, cfg.text_column, skipped), cfg.valid_examples))
         valid_source = f"valid split ({len(valid_files)} shard(s))"
@@ -273,6 +325,9 @@ def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     if cfg.repo:
         repo = open_repository(cfg.repo, create=True)
         measured = "" if bpt is None else f", {bpt:.2f} bytes/token"
-        commit = repo.commit_folder(out, "main", f"tokenizer (vocab {len(tokenizer)}{measured})")
+        # checked again, under a local repository's writer lock: a model may have been initialized meanwhile
+        with repo.locked() if isinstance(repo, LocalGitRepository) else contextlib.nullcontext():
+            _check_no_initial_model(repo, cfg.repo, out)
+            commit = repo.commit_folder(out, "main", f"tokenizer (vocab {len(tokenizer)}{measured})")
         print(f"committed to {cfg.repo} main: {commit[:12]}")
     return stats

@@ -7,7 +7,9 @@
 
 The prompt is EOS + the stripped prompt and a completion ends at EOS or at the first HumanEval stop string
 (\\nclass, \\ndef, \\n#, \\n@, \\nprint, \\nif), exactly as `scripts/human_eval.py` scores it, so what you see
-here is what HumanEval would execute. Sample 1 streams live; further samples are printed when done.
+here is what HumanEval would execute. Sample 1 streams live; further samples are printed when done. --output
+saves them with what reproduces them: the settings, the seed, the commit the revision named (the one loaded)
+and the dtype the weights were loaded in.
 
 Only these flags decide how tokens are drawn: settings a checkpoint's generation_config.json would add (a
 repetition penalty, no_repeat_ngram_size, min_new_tokens, beams, banned words...) are ignored, and a note on stderr

@@ -209,3 +209,67 @@ def test_cli_missing_dataset_is_one_line_error(tmp_path, python, scripts_env, re
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and "nope" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "tok").exists()
+
+
+def test_committing_a_tokenizer_never_replaces_an_initialized_model(tmp_path, stdlib_texts, write_shards):
+    """A commit replaces main's whole tree: a tokenizer trained (again) with --repo pointing at a repository that
+    already holds the initial model used to leave main with the tokenizer alone, the model's weights gone and a
+    second initialization refused. It is refused before training, and the repository's main keeps its model."""
+    from codeparrot.repository.refs import open_repository
+    from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
+
+    repo_path, model = tmp_path / "repo", tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_text("weights")
+    repo = open_repository(str(repo_path), create=True)
+    head = repo.commit_folder(model, "main", "initial model")
+    write_shards(tmp_path / "clean" / "train", stdlib_texts[:3], 1)
+    cfg = TokenizerTrainingConfig(dataset=[str(tmp_path / "clean")], output_dir=str(tmp_path / "tok"),
+                                  vocab_size=300, repo=str(repo_path), progress=False)
+    with pytest.raises(CodeParrotError) as err:
+        train_tokenizer_on_dataset(cfg)
+    assert str(err.value).startswith(f"{repo_path} already has an initial model on main: committing the tokenizer")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "tok").exists()  # refused before training, not after
+    assert repo.resolve_revision("main") == head
+    (tmp_path / "empty").mkdir()  # a new repository, as initialize_model.py takes it: committed to, not refused
+    train_tokenizer_on_dataset(TokenizerTrainingConfig(**{**vars(cfg), "repo": str(tmp_path / "empty")}))
+    assert [c.message for c in open_repository(str(tmp_path / "empty")).list_commits("main")] == [
+        "tokenizer (vocab 300)"]
+
+
+def test_training_reports_progress_with_rates_into_a_log(stdlib_texts, capsys, monkeypatch):
+    """stderr that is not a terminal (a log file, nohup): the trainer's own bars print nothing there, so a long run
+    used to say nothing between "training ..." and its summary. Lines with counts and rates go there instead."""
+    import codeparrot.tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module, "PROGRESS_EVERY_S", 0.0, raising=False)  # a line per file, not per 30 s
+    train_tokenizer(stdlib_texts[:3], vocab_size=300, length=3)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("tokenizer: read 1/3 files, ") and "MB/s" in lines[0] and "files/s" in lines[0]
+    assert lines[-1].startswith("tokenizer: read all 3 files, ") and lines[-1].endswith("computing the merges")
+    train_tokenizer(stdlib_texts[:3], vocab_size=300, show_progress=False)
+    assert capsys.readouterr().err == ""  # --quiet
+
+
+def test_a_text_with_a_lone_surrogate_is_a_one_line_error(tokenizer):
+    """A str can hold an unpaired surrogate ("\\ud800" escaped in JSON read by another reader than ours); it is not
+    UTF-8 text. Training used to fail with a raw UnicodeEncodeError from the Rust side, bytes/token with a TypeError."""
+    with pytest.raises(CodeParrotError, match=r"^example 2 holds an unpaired surrogate at character 1 \(not UTF-8 "):
+        train_tokenizer(["ok", "x\ud800y"], vocab_size=300, show_progress=False)
+    with pytest.raises(CodeParrotError, match=r"^example 1 holds an unpaired surrogate at character 0 "):
+        bytes_per_token(tokenizer, ["\udce9"])
+
+
+def test_a_corpus_too_small_for_the_vocabulary_is_said(tmp_path, stdlib_texts, write_shards, capsys):
+    """BPE stops when no pair is left to merge: asked for 32,768 tokens, a small corpus gives fewer, and the model
+    initialized from it gets that smaller vocabulary. The run says so instead of printing the size in passing."""
+    from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
+
+    write_shards(tmp_path / "clean" / "train", ["x = 1\n", "y = 2\n"], 1)
+    stats = train_tokenizer_on_dataset(TokenizerTrainingConfig(dataset=[str(tmp_path / "clean")], vocab_size=400,
+                                                               output_dir=str(tmp_path / "tok"), progress=False))
+    assert stats["vocab_size"] < 400 and stats["requested_vocab_size"] == 400
+    assert (f"note: the training files hold only enough merges for {stats['vocab_size']} tokens (asked for 400)"
+            in capsys.readouterr().err)

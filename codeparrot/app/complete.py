@@ -7,12 +7,12 @@ later stop string can cut away, so every streamed state is a prefix of the final
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from contextlib import closing
 from typing import Callable, TypeVar
 
+from codeparrot.app.background import in_background
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.whole_number import whole_number
 from codeparrot.app.workspace import Workspace, guarded
@@ -32,7 +32,13 @@ def fit_to_context(model, tokenizer, prompt: str, max_new_tokens: int) -> int:
     if room < 1:
         raise CodeParrotError(f"the prompt fills the model's whole context of {model_context(model)} tokens; "
                               f"shorten it")
-    return max(1, min(max_new_tokens, room))
+    return min(max_new_tokens, room)  # max_new_tokens >= 1: `new_tokens` refused less
+
+
+def new_tokens(max_new_tokens) -> int:
+    """The max new tokens field's value, at least 1: the slider starts at 1, but the HTTP API can send 0 or
+    less, which used to be raised to 1 quietly (one token generated that nobody asked for)."""
+    return whole_number(max_new_tokens, "max new tokens", within=(1, None))
 
 
 def exclusively(generate: Callable[[], T]) -> T:
@@ -77,35 +83,16 @@ def stream_generation(tokenizer, generate: Callable[[CompletionStreamer], list],
     returned). An error in the thread is raised here, in the request's thread. `stops`: the streamer's
     `stop_strings` / `stop_ids`.
 
-    Closing this generator early stops the generation at its next token: Gradio closes a streaming handler's
-    generator when its client cancels (/cancel) or disconnects (`Queue.reset_iterators`), and a generation
-    left running would hold the lock, so everyone queued behind it, until max_new_tokens, for nobody."""
-    pieces: queue.Queue = queue.Queue()
-    outcome: dict = {}
-    cancelled = threading.Event()
-    streamer = _CancellableStreamer(tokenizer, cancelled, write=pieces.put, **stops)
+    Closing this generator early stops the generation at its next token (`in_background`): Gradio closes a
+    streaming handler's generator when its client cancels or disconnects, and a generation left running would
+    hold the lock, so everyone queued behind it, until max_new_tokens, for nobody. A piece comes with every
+    token or two, so no heartbeat is needed for the generator to be closable."""
 
-    def run() -> None:
-        try:
-            outcome["completions"] = exclusively(lambda: generate(streamer))
-        except BaseException as err:  # noqa: BLE001 - re-raised in the request's thread below
-            outcome["error"] = err
-        finally:
-            pieces.put(None)
+    def work(cancelled: threading.Event, write: Callable[[str], None]) -> list:
+        streamer = _CancellableStreamer(tokenizer, cancelled, write=write, **stops)
+        return exclusively(lambda: generate(streamer))
 
-    worker = threading.Thread(target=run, name=name, daemon=True)
-    worker.start()
-    try:
-        while (piece := pieces.get()) is not None:
-            yield piece, None
-    finally:
-        # Only signal, never join here: Gradio closes the generator on its event loop, which must not wait for
-        # a forward pass. After a normal end the worker has finished, and this changes nothing.
-        cancelled.set()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    yield None, outcome["completions"]
+    return in_background(work, name)
 
 
 def sampling_controls(max_new_tokens: int):
@@ -126,7 +113,7 @@ def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, 
     if prompt is None or not prompt.strip():
         raise CodeParrotError("the prompt is empty; type the start of a function to complete")
     ws.check_text(prompt, "prompt")
-    max_new_tokens = whole_number(max_new_tokens, "max new tokens")
+    max_new_tokens = new_tokens(max_new_tokens)
     seed = seed_or_none(seed)  # refused before the model loads
     model, tokenizer, label = ws.model(branch, checkpoint)
     max_new_tokens = fit_to_context(model, tokenizer, prompt, max_new_tokens)

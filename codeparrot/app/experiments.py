@@ -1,16 +1,20 @@
 """The Experiments tab (API `/experiments` and friends): branches, checkpoints, loss curves, side by side, promote.
 
 Endpoints: `/experiments` (branches, `main` first, with latest step and date), `/checkpoints` (a branch's
-commits), `/losses` (validation loss vs tokens seen for several branches on one plot), `/compare` (one prompt
-completed by two checkpoints) and `/promote` (a checkpoint becomes `main`; refused unless confirmed).
+commits), `/losses` (validation loss vs tokens seen for several branches on one plot; streamed, so that a client
+who cancels or leaves stops its evaluation), `/compare` (one prompt completed by two checkpoints) and `/promote`
+(a checkpoint becomes `main`; refused unless confirmed).
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
+from typing import Callable
 
 from codeparrot.app.access import MAX_EVAL_STEPS
-from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context, stream_generation
+from codeparrot.app.background import in_background
+from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context, new_tokens, stream_generation
 from codeparrot.app.losses import computed_losses, logged_losses
 from codeparrot.app.pickers import branch_names, revision_picker
 from codeparrot.app.whole_number import whole_number
@@ -37,8 +41,9 @@ def checkpoints_table(ws: Workspace, branch: str) -> tuple[list[list], str]:
 
 
 def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | None, max_eval_steps: float,
-                progress) -> tuple[str, str]:
-    """(PNG path, status): logged metrics per branch, or computed on `dataset` when one is given."""
+                progress, should_stop: Callable[[], bool] | None = None) -> tuple[str, str]:
+    """(PNG path, status): logged metrics per branch, or computed on `dataset` when one is given (`should_stop`:
+    see `computed_losses`)."""
     if isinstance(branches, str):
         branches = [branches]
     branches = [b for b in (branches or []) if b and b.strip()]
@@ -48,7 +53,7 @@ def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | 
     for branch in branches:
         if dataset and dataset.strip():
             branch_points, measured_on = computed_losses(ws, branch, dataset.strip(), max_eval_steps,
-                                                         lambda f, what: progress(f, desc=what))
+                                                         lambda f, what: progress(f, desc=what), should_stop)
         else:
             try:
                 branch_points, measured_on = logged_losses(ws, branch)
@@ -70,6 +75,29 @@ def losses_plot(ws: Workspace, branches: list[str] | str | None, dataset: str | 
     return str(png), f"{len(points)} point(s) ({source}){skipped}"
 
 
+def stream_losses(ws: Workspace, branches: list[str] | str | None, dataset: str | None, max_eval_steps: float,
+                  progress=None):
+    """`losses_plot` for a request that streams: yields (None, what it is doing) until the plot is ready, then
+    (PNG path, status). Computing the losses can take long (up to MAX_EVAL_STEPS batches per checkpoint of
+    every branch): it runs on a thread (`in_background`) that a client who cancels or leaves stops before its
+    next batch, and this generator yields at least every half second so that Gradio can close it at all."""
+    start = time.perf_counter()
+
+    def work(stop, report) -> tuple[str, str]:
+        report((0.0, "plotting"))  # at once: the heartbeat repeats the last report, and there must be one
+        return losses_plot(ws, branches, dataset, max_eval_steps, lambda f, desc="": report((f, desc)),
+                           should_stop=stop.is_set)
+
+    with closing(in_background(work, "codeparrot-losses", heartbeat=0.5)) as stream:
+        for update, plotted in stream:
+            if plotted is None:
+                fraction, what = update
+                if progress is not None:
+                    progress(fraction, desc=what)
+                yield None, f"{what} … {time.perf_counter() - start:.0f} s"
+    yield plotted
+
+
 def compare(ws: Workspace, prompt: str, branch_a: str, ckpt_a: str, branch_b: str, ckpt_b: str,
             temperature: float, max_new_tokens: float, seed: float):
     """The same prompt completed by two checkpoints with the same sampling settings and seed: yields (A, B,
@@ -78,7 +106,7 @@ def compare(ws: Workspace, prompt: str, branch_a: str, ckpt_a: str, branch_b: st
     if prompt is None or not prompt.strip():
         raise CodeParrotError("the prompt is empty; type the start of a function to complete")
     ws.check_text(prompt, "prompt")
-    max_new_tokens = whole_number(max_new_tokens, "max new tokens")
+    max_new_tokens = new_tokens(max_new_tokens)
     seed = whole_number(seed, "the seed", why=" (both checkpoints sample with it)")
     outs, labels = ["", ""], []
     for side, (branch, ckpt) in enumerate(((branch_a, ckpt_a), (branch_b, ckpt_b))):
@@ -173,7 +201,7 @@ def build_experiments_tab(ws: Workspace) -> list[tuple]:
 
     @guarded(loaded(None))
     def losses(branches, dataset, steps, progress=gr.Progress()):
-        return losses_plot(ws, branches, dataset, steps, progress)
+        yield from stream_losses(ws, branches, dataset, steps, progress)  # streamed: see stream_losses
 
     @guarded(loaded("", ""))
     def compare_both(prompt, branch_a, ckpt_a, branch_b, ckpt_b, temperature, max_new, seed):

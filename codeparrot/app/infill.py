@@ -13,9 +13,8 @@ from __future__ import annotations
 import time
 from contextlib import closing
 
-from codeparrot.app.complete import sampling_controls, seed_or_none, stream_generation
+from codeparrot.app.complete import new_tokens, sampling_controls, seed_or_none, stream_generation
 from codeparrot.app.pickers import revision_picker
-from codeparrot.app.whole_number import whole_number
 from codeparrot.app.workspace import Workspace, guarded
 from codeparrot.errors import CodeParrotError
 from codeparrot.fim.prompt import fim_prompt_ids
@@ -40,14 +39,14 @@ def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoin
                   top_p: float, max_new_tokens: float, seed: float | None):
     """Yield (before + middle so far + after, middle so far, status line) until the middle is final."""
     before, after = _check_input(ws, before, after)
-    max_new_tokens = whole_number(max_new_tokens, "max new tokens")
+    max_new_tokens = new_tokens(max_new_tokens)
     seed = seed_or_none(seed)  # refused before the model loads
     model, tokenizer, label = ws.model(branch, checkpoint)
     room = model_context(model) - len(fim_prompt_ids(tokenizer, before, after, WHAT))  # FIM tokens checked here
     if room < 1:
         raise CodeParrotError(f"the code before and after the cursor fills the model's whole context of "
                               f"{model_context(model)} tokens; shorten it")
-    max_new = max(1, min(max_new_tokens, room))
+    max_new = min(max_new_tokens, room)
     stop_strings, stop_ids = infill_stops(tokenizer, WHAT)
     start = time.perf_counter()
     middle = ""

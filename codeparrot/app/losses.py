@@ -4,14 +4,15 @@ Three sources, each naming what the losses were measured on (sequences x length:
 comparable): the metrics pushed with the checkpoints (`metrics.json` of every "step N" commit, written by the
 pusher: the repository alone is enough), else the metrics a run logged (`<runs dir>/<branch>/metrics.jsonl`),
 or computed on demand like `scripts/checkpoints.py plot`: `validation_loss` of every "step N" commit of the
-branch on a chosen validation folder (under the app's --data-dir), with tokens seen from the commit's metrics or `trainer_state.json`.
+branch on a chosen validation folder (under the app's --data-dir), with tokens seen from the commit's metrics or
+`trainer_state.json`. A computation stops before its next checkpoint or batch once asked to (`should_stop`: the
+request's client cancelled or left).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Callable
 
 from codeparrot.app.access import bounded_steps, confined_folder
@@ -44,10 +45,12 @@ def logged_losses(ws: Workspace, branch: str) -> tuple[list[LossPoint], str]:
 
 
 def computed_losses(ws: Workspace, branch: str, dataset: str, max_eval_steps: int,
-                    progress: Callable[[float, str], None]) -> tuple[list[LossPoint], str]:
+                    progress: Callable[[float, str], None],
+                    should_stop: Callable[[], bool] | None = None) -> tuple[list[LossPoint], str]:
     """(validation loss of every "step N" commit of `branch` on `dataset`, same batches for each; what they
-    were measured on)."""
-    from codeparrot.training.validation import validation_loss
+    were measured on). `should_stop` is asked before every checkpoint and every batch (`EvaluationStopped`):
+    the request's client cancelled or left, and the remaining forward passes would be for nobody."""
+    from codeparrot.training.validation import EvaluationStopped, validation_loss
 
     dataset = str(confined_folder(ws.data_dir, dataset))  # only under --data-dir (codeparrot/app/access.py)
     max_eval_steps = bounded_steps(max_eval_steps)
@@ -57,8 +60,11 @@ def computed_losses(ws: Workspace, branch: str, dataset: str, max_eval_steps: in
         raise CodeParrotError(f"branch {branch!r} has no 'step N' checkpoints to evaluate")
     points, measured_on = [], ""
     for i, c in enumerate(commits):
+        if should_stop is not None and should_stop():  # before loading the next checkpoint
+            raise EvaluationStopped(f"the losses of {branch!r} were stopped after {i} of {len(commits)} checkpoints")
         progress(i / len(commits), f"{branch}: step {c.step} ({i + 1}/{len(commits)})")
-        result = validation_loss(ws.ref, dataset, revision=c.commit_id, max_eval_steps=max_eval_steps, batch_size=8)
+        result = validation_loss(ws.ref, dataset, revision=c.commit_id, max_eval_steps=max_eval_steps, batch_size=8,
+                                 should_stop=should_stop)
         pushed = read_pushed_metrics(repo, c.commit_id) or {}
         tokens = pushed.get("tokens_seen") if pushed.get("step") == c.step else None
         points.append(LossPoint(branch, c.step, tokens if tokens is not None else _tokens_seen(ws.ref, c.commit_id),

@@ -10,12 +10,13 @@ from __future__ import annotations
 from codeparrot.errors import CodeParrotError
 
 
-def whole_number(value, what: str, *, within: tuple[int, int] | None = None, why: str = "") -> int:
-    """`value` as an int when it is a whole number (in `within`, inclusive, when given); otherwise
-    "`what` must be a whole number[ from LOW to HIGH]`why`, got VALUE"."""
+def whole_number(value, what: str, *, within: tuple[int, int | None] | None = None, why: str = "") -> int:
+    """`value` as an int when it is a whole number (in `within`, inclusive, when given; HIGH None: no upper
+    bound); otherwise "`what` must be a whole number[ from LOW to HIGH | of at least LOW]`why`, got VALUE"."""
     number = _as_int(value)
-    if number is None or (within is not None and not within[0] <= number <= within[1]):
-        span = f" from {within[0]} to {within[1]}" if within is not None else ""
+    low, high = within if within is not None else (None, None)
+    if number is None or (low is not None and number < low) or (high is not None and number > high):
+        span = "" if within is None else f" from {low} to {high}" if high is not None else f" of at least {low}"
         raise CodeParrotError(f"{what} must be a whole number{span}{why}, got {value!r}")
     return number
 

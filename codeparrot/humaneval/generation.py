@@ -38,10 +38,10 @@ from codeparrot.fim.prompt import fim_prompt_ids
 from codeparrot.fim.tokens import FIM_TOKENS, fim_token_ids
 from codeparrot.humaneval.config import HumanEvalConfig, SamplingConfig
 from codeparrot.humaneval.problems import check_complete, merge_samples, part_files, read_samples
-from codeparrot.humaneval.provenance import loads_as_checked_out, pinned_commit, weights_dtype
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
 from codeparrot.inference.decoding import checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
+from codeparrot.repository.provenance import loads_as_checked_out, pinned_commit, weights_dtype
 
 SampleKey = tuple[str, float, int]  # (task_id, temperature, sample_index)
 

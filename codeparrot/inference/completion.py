@@ -37,6 +37,7 @@ from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, tru
 from codeparrot.inference.config import GenerateConfig, check_sampling
 from codeparrot.inference.decoding import DECODE_KWARGS, checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
+from codeparrot.repository.provenance import loads_as_checked_out, pinned_commit, weights_dtype
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -310,7 +311,11 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     suffix = read_suffix(cfg.suffix, cfg.suffix_file)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.revision, cfg.device)
+    # The commit the revision names now is the one loaded and recorded: a branch moves as training pushes
+    # checkpoints, and a saved generation must name the weights that made it (as HumanEval's samples do).
+    commit = pinned_commit(cfg.model, cfg.revision)
+    load_revision = cfg.revision if loads_as_checked_out(cfg.model, cfg.revision) else commit or cfg.revision
+    model, tokenizer = load_model_and_tokenizer(cfg.model, load_revision, cfg.device)
     if note := checkpoint_note(model, tokenizer.eos_token_id):
         print(note, file=sys.stderr)
     infill = suffix is not None
@@ -349,7 +354,10 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
           f"seed {seed}; ended by: {reasons}{infilled}]", file=sys.stderr)
     if cfg.output:
         atomic_write_json(cfg.output, {
-            "model": cfg.model, "revision": cfg.revision, "prompt": prompt, "seed": seed,
+            # commit: None for a plain folder or a worktree with changes (nothing to pin); dtype: float32 on a CPU,
+            # the saved one on a GPU, and another dtype gives other samples from the same seed
+            "model": cfg.model, "revision": cfg.revision, "commit": commit, "dtype": weights_dtype(model),
+            "prompt": prompt, "seed": seed,
             **({"suffix": suffix} if infill else {}),
             "settings": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                          "top_p": cfg.top_p, "num_return_sequences": n, "stop": cfg.stop,

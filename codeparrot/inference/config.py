@@ -61,7 +61,7 @@ class GenerateConfig:
     strip_prompt: bool = doc(True, "keep the prompt's leading/trailing whitespace (HumanEval strips it)",
                              flag="--no-strip", inverted=True)
     device: str = doc("auto", DEVICE_HELP)
-    output: str | None = doc(None, "also write the samples and settings to this JSON file")
+    output: str | None = doc(None, "also write the samples, settings, commit and dtype to this JSON file")
     quiet: bool = doc(False, "no live streaming; print the samples when done")
 
     def validate(self) -> None:

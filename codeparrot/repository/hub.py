@@ -100,18 +100,23 @@ class HubRepository(CheckpointRepository):
                    branch=branch, revision=from_revision, exist_ok=True)
         self._known_branches.add(branch)
 
-    def _upload(self, folder: str | os.PathLike, branch: str, message: str, run_as_future: bool):
+    def _upload(self, folder: str | os.PathLike, branch: str, message: str, run_as_future: bool,
+                parent: str | None = None):
         folder = base.check_commit_folder(folder)
         self.create_branch(branch)  # a new experiment branches off main
         subject, _, body = message.strip().partition("\n")  # the Hub keeps a commit's title and description apart
+        # the Hub's compare-and-swap: with parent_commit it refuses the commit (412) once the branch has moved
+        only_if = {"parent_commit": parent} if parent else {}
         return self._call("uploading to", self.api.upload_folder, branch, repo_id=self.repo_id,
                           folder_path=str(folder), revision=branch, commit_message=subject,
                           commit_description=body.strip() or None,
                           delete_patterns="*",  # the folder becomes the whole tree (.gitattributes is kept)
-                          run_as_future=run_as_future)
+                          run_as_future=run_as_future, **only_if)
 
-    def commit_folder(self, folder: str | os.PathLike, branch: str, message: str) -> str:
-        return self._upload(folder, branch, message, run_as_future=False).oid
+    def commit_folder(self, folder: str | os.PathLike, branch: str, message: str, parent: str | None = None) -> str:
+        """`parent`: commit only if `branch` still points at this commit (another writer's commit since then makes
+        this one fail instead of landing on top of it: the Hub has no lock to check and commit under)."""
+        return self._upload(folder, branch, message, run_as_future=False, parent=parent).oid
 
     def commit_folder_async(self, folder: str | os.PathLike, branch: str, message: str) -> Future:
         """Upload on HfApi's background thread; a future of the commit id (failures raise on `.result()`)."""

@@ -6,7 +6,8 @@ the resolved preset into a temporary folder, commit it to `main`. A local reposi
 again if the commit fails, so nothing is left half-made (an empty folder given as the repository is left empty).
 Where two processes create (or initialize) the same local repository at once, one creates it and the check for an
 initial model and the commit happen under the repository's writer lock: the second one sees the first's commit and
-stops as if it had found it before it began.
+stops as if it had found it before it began. The Hub has no lock: there the commit names the head of `main` that
+was checked as its parent, and the Hub refuses it once another run's initial model has landed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from codeparrot.config import REQUIRED, doc, to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.hub import HubRepository
 from codeparrot.repository.local import LocalGitRepository
 from codeparrot.repository.model import (
     ModelConfig,
@@ -57,11 +59,32 @@ class InitializeConfig:
             raise CodeParrotError("--repo is required (or pass --count-only)")
 
 
-def check_no_initial_model(repo: CheckpointRepository, ref: str, force: bool) -> None:
-    """Refuse a second "initial model" on `main` unless `force` (a new commit on top then)."""
-    if not force and any(b.name == "main" for b in repo.list_branches()) and any(
-            c.message == INITIAL_MESSAGE for c in repo.list_commits("main")):
+def check_no_initial_model(repo: CheckpointRepository, ref: str, force: bool) -> str | None:
+    """Refuse a second "initial model" on `main` unless `force` (a new commit on top then). Returns the commit
+    `main` points at (None: no `main` yet), the parent a Hub commit of the initial model must have."""
+    if not any(b.name == "main" for b in repo.list_branches()):
+        return None
+    commits = repo.list_commits("main")
+    if not force and any(c.message == INITIAL_MESSAGE for c in commits):
         raise CodeParrotError(f"{ref} already has an initial model on main (--force adds another)")
+    return commits[0].commit_id if commits else None
+
+
+def _commit_to_hub(repo: HubRepository, folder: str, ref: str, force: bool) -> str:
+    """Commit `folder` as the initial model on the Hub's `main`, only on top of the head just checked: the Hub
+    has no lock, and two runs creating the same repository both find it without an initial model. The Hub
+    refuses the later commit once main has moved; checked again, that run then stops as if it had found the
+    other's initial model before it began (a move by another kind of commit is retried on the new head)."""
+    parent = check_no_initial_model(repo, ref, force)
+    for _ in range(3):
+        try:
+            return repo.commit_folder(folder, "main", INITIAL_MESSAGE, parent=parent)
+        except CodeParrotError:
+            moved = check_no_initial_model(repo, ref, force)  # raises if the commit that got in was an initial model
+            if parent is None or moved == parent:
+                raise  # the commit failed for another reason (or without a head to compare): its own error
+            parent = moved
+    raise CodeParrotError(f"{ref}: main keeps moving under the initial model's commit; try again")
 
 
 def _new_local_path(repo_ref: str) -> Path | None:
@@ -96,9 +119,11 @@ def initialize_model(cfg: ModelConfig, tokenizer, repo_ref: str, seed: int = 42,
         try:
             if repo is None:
                 repo = open_repository(repo_ref, create=True)
+            if isinstance(repo, HubRepository):
+                return _commit_to_hub(repo, tmp, repo_ref, force)
             # checked again with no other writer between the check and the commit: another process creating or
             # initializing the same repository now commits first, and this one then stops here as if it had found
-            # the initial model before it began (the Hub has no such lock: only the window is made small)
+            # the initial model before it began
             with repo.locked() if isinstance(repo, LocalGitRepository) else contextlib.nullcontext():
                 check_no_initial_model(repo, repo_ref, force)
                 return repo.commit_folder(tmp, "main", INITIAL_MESSAGE)

@@ -8,9 +8,9 @@
     POST /v1/completions           OpenAI completions (suffix = fill-in-the-middle), stream: chunks + [DONE]
     GET  /v1/models                OpenAI's model list (the one served model)
 
-Every request body is bounded (--max-request-kb, 413: `body_limit.py`), validated by its schema (pydantic; TGI
-routes answer 422, OpenAI routes 400, in one line naming the field and never echoing the input) and then by the API
-module's rules.
+Every request body is bounded in size and in time (--max-request-kb, 413; --body-timeout, 408: `body_limit.py`),
+validated by its schema (pydantic, strict for numbers and booleans; TGI routes answer 422, OpenAI routes 400, in one
+line naming the field and never echoing the input) and then by the API module's rules.
 Streams are Starlette `StreamingResponse`s of server-sent events; when the client disconnects, Starlette cancels the
 response's task, the generator's `finally` cancels the engine job, and its rows leave the batch at the next step.
 A request waiting for a non-streamed answer polls its connection for the same reason.
@@ -77,12 +77,12 @@ def _api_error_response(request: Request, err: ApiError) -> JSONResponse:
     return JSONResponse(error_body(err, path), status_code=error_status(err, path), headers=headers)
 
 
-def build_app(state: ServingState, max_request_bytes: int = 1 << 20) -> FastAPI:
+def build_app(state: ServingState, max_request_bytes: int = 1 << 20, body_timeout: float = 30.0) -> FastAPI:
     """The ASGI application serving `state`'s engine."""
     # No docs pages or OpenAPI schema: less to expose. A body is read as JSON whatever its content type (BodyLimit).
     app = FastAPI(title="CodeParrot completion server", docs_url=None, redoc_url=None, openapi_url=None,
                   strict_content_type=False)
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, timeout=body_timeout)
     started = int(time.time())
 
     async def api_error(request: Request, err: ApiError):
@@ -172,7 +172,7 @@ async def _tgi_stream(state: ServingState, body: tgi.TgiRequest, request: Reques
             while not jobs.finished:
                 _, event = await jobs.next()
                 if event[0] == "token":
-                    out = writer.token(event[2], event[3])
+                    out = writer.token(event[2], event[3] is not None)
                 elif event[0] == "done":
                     out = writer.done(event[1])
                 else:
@@ -204,7 +204,7 @@ async def _completions(state: ServingState, body: openai_api.CompletionRequest, 
             while not jobs.finished:
                 tag, event = await jobs.next()
                 if event[0] == "token":
-                    out = stream.token(tag, event[1], event[2])
+                    out = stream.token(tag, event[1], event[2], event[3])
                 elif event[0] == "done":
                     out = stream.done(tag, event[1])
                 else:

@@ -10,15 +10,17 @@ batching (`generate_batch`, its manager): measured on the CPU with the tiny pres
 (docs/serving.md), and its sampling draws from one random stream for the whole batch, so a request's samples would
 depend on its batch-mates.
 
-Bounds, all checked when a request is submitted (in the caller's thread, so the answer is immediate):
+Bounds, all checked when a request is submitted (in the caller's thread, so the answer is immediate; `check_room`
+tells a caller beforehand, before it tokenizes a prompt for nothing):
 at most `max_requests` requests waiting or running (more: "overloaded", HTTP 429), at most `max_batch_size`
 sequences in a step (a request of n sequences waits until n rows are free; the queue is first come, first
 served, so a large request is not overtaken forever), and every request fits the model's context.
 
 Requests talk to the caller through a listener, `listener(event)`, called from the engine thread:
-`("token", sequence_index, Token, last)` for each generated token when the request streams (`last`: the sequence
-ends with it, so a stream can send every other token at once and keep that one for its final event), then exactly
-one of `("done", JobResult)` or `("error", ApiError)`. A cancelled request (its client left) leaves the batch at the
+`("token", sequence_index, Token, ended)` for each generated token when the request streams (`ended`: the
+sequence's `SequenceResult` when it ends with this token, else None; so a stream can send every other token at once,
+and end each of a request's n sequences when it ends, not when the last of them does), then exactly one of
+`("done", JobResult)` or `("error", ApiError)`. A cancelled request (its client left) leaves the batch at the
 next step. A failing forward fails the requests it carried ("generation", HTTP 424/500), never the engine: the batch
 is emptied and the next requests run.
 """
@@ -86,6 +88,7 @@ class _Sequence:
     tokens: list[Token] = field(default_factory=list)
     finish_reason: str | None = None
     stop: tuple[int, str] | None = None
+    result: SequenceResult | None = None  # once it ended
 
 
 class Job:
@@ -164,16 +167,27 @@ class Engine:
                            "at once", "validation")
         job = Job(list(prompt_ids), params, listener)
         with self._cond:
-            if self._closed or self.failure:
-                raise ApiError("the server is shutting down" if self._closed else "the engine stopped: "
-                               f"{self.failure}", "unavailable")
-            if self._jobs >= self.max_requests:
-                raise ApiError(f"Model is overloaded: {self._jobs} requests are waiting or running (the limit is "
-                               f"{self.max_requests}); retry later", "overloaded")
+            self._check_room(1)
             self._jobs += 1
             self._waiting.append(job)
             self._cond.notify()
         return job
+
+    def check_room(self, requests: int = 1) -> None:
+        """Raise the `ApiError` that `submit` would raise now for `requests` more requests (overloaded, shutting
+        down): what a route asks before tokenizing (up to a megabyte of prompt), so that a flood is refused for the
+        price of a lock. `submit` still decides; a request may find the room gone by then."""
+        with self._cond:
+            self._check_room(requests)
+
+    def _check_room(self, requests: int) -> None:  # with the lock held
+        if self._closed or self.failure:
+            raise ApiError("the server is shutting down" if self._closed else f"the engine stopped: {self.failure}",
+                           "unavailable")
+        if self._jobs + requests > self.max_requests:
+            needs = f", and this request's prompts need {requests}" if requests > 1 else ""
+            raise ApiError(f"Model is overloaded: {self._jobs} requests are waiting or running (the limit is "
+                           f"{self.max_requests}{needs}); retry later", "overloaded")
 
     def cancel(self, job: Job) -> None:
         """Drop `job` (its client went away). A waiting one leaves the queue now: only the queue's head was ever
@@ -375,19 +389,19 @@ class Engine:
             seq.tokens.append(token)
             if seq.finish_reason is None and len(seq.tokens) >= params.max_new_tokens:
                 seq.finish_reason = "length"
-            if params.stream:
-                job.emit(("token", index, token, seq.finish_reason is not None))
             if seq.finish_reason is None:
                 alive.append(index)
             else:
                 job.running -= 1
+                seq.result = SequenceResult(index, seq.tokens, seq.decoder.full_text(), seq.finish_reason, seq.stop)
+            if params.stream:
+                job.emit(("token", index, token, seq.result))
         if job.running == 0:
             self._complete(job)
         return alive
 
     def _complete(self, job: Job) -> None:
-        result = JobResult([SequenceResult(s.index, s.tokens, s.decoder.full_text(), s.finish_reason, s.stop)
-                            for s in job.sequences], job.prompt_ids, job.chooser.seed, job.prompt_logprobs)
+        result = JobResult([s.result for s in job.sequences], job.prompt_ids, job.chooser.seed, job.prompt_logprobs)
         with self._cond:
             self._jobs -= 1
             self.counts["completed"] += 1

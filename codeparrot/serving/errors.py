@@ -3,7 +3,8 @@
 Every refusal and failure is an `ApiError` with a kind; the route family decides the body:
 
 - TGI routes (`/generate`, `/generate_stream`, `/`, `/info`, ...): `{"error": MESSAGE, "error_type": KIND}` with
-  TGI's statuses: 422 validation, 429 overloaded, 424 generation (the model failed), 401 unauthorized; what
+  TGI's statuses: 422 validation, 429 overloaded, 424 generation (the model failed), 401 unauthorized, and HTTP's
+  408 timeout for a request body that did not arrive in time (TGI has no kind for it); what
   `huggingface_hub` and `text_generation` turn into their ValidationError, OverloadedError, GenerationError.
 - OpenAI routes (`/v1/...`): `{"error": {"message", "type", "param", "code"}}` with OpenAI's statuses: 400
   invalid_request_error, 401 invalid_api_key, 429 rate limit, 500 server_error. The body also carries
@@ -19,20 +20,21 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["validation", "overloaded", "generation", "unauthorized", "not_found", "not_allowed", "too_large",
-               "unavailable", "internal"]
+               "unavailable", "internal", "timeout"]
 
 # TGI's statuses; the OpenAI routes use OpenAI's own (400 for every invalid request).
 TGI_STATUS: dict[str, int] = {"validation": 422, "overloaded": 429, "generation": 424, "unauthorized": 401,
                               "not_found": 404, "not_allowed": 405, "too_large": 413, "unavailable": 503,
-                              "internal": 500}
+                              "internal": 500, "timeout": 408}
 OPENAI_STATUS: dict[str, int] = {**TGI_STATUS, "validation": 400, "generation": 500}
 OPENAI_TYPE: dict[str, str] = {"validation": "invalid_request_error", "overloaded": "rate_limit_error",
                                "generation": "server_error", "unauthorized": "invalid_request_error",
                                "not_found": "invalid_request_error", "not_allowed": "invalid_request_error",
-                               "too_large": "invalid_request_error",
+                               "too_large": "invalid_request_error", "timeout": "invalid_request_error",
                                "unavailable": "server_error", "internal": "server_error"}
 OPENAI_CODE: dict[str, str | None] = {"overloaded": "rate_limit_exceeded", "unauthorized": "invalid_api_key",
-                                      "not_found": "not_found", "too_large": "request_too_large"}
+                                      "not_found": "not_found", "too_large": "request_too_large",
+                                      "timeout": "request_timeout"}
 
 
 @dataclass

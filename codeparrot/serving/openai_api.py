@@ -16,7 +16,10 @@ with this server they need not (they still may). An empty or null `suffix` is a 
 Differences: the `model` field is accepted whatever it names (one model per server; answers carry the served name);
 a stop list may hold up to --max-stop-sequences strings (OpenAI: 4); vLLM's `top_k` is applied (0 or -1: off);
 refused as unsupported: token-id prompts, penalties, `logit_bias`, `best_of` other than `n`, `logprobs` with
-`stream`, and vLLM's other sampling extras (`UNSUPPORTED`) unless neutral. Other unknown fields are ignored.
+`stream`, and vLLM's other sampling extras (`UNSUPPORTED`) unless neutral. Other unknown fields are ignored. Types
+are strict (`state.Int`, `Bool`, `Float`): `true` for a number, `"yes"` for a boolean or `5.0` for an integer is a
+400, never converted. More prompts than --max-concurrent-requests is a 400 too (it could never run: each prompt is a
+request of the engine's), not the 429 "retry later" it was.
 """
 
 from __future__ import annotations
@@ -24,17 +27,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from codeparrot.serving.engine import JobResult, SequenceResult, Token
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.sampling import SamplingParams
-from codeparrot.serving.state import MAX_TOP_LOGPROBS, ServingState
+from codeparrot.serving.state import MAX_TOP_LOGPROBS, Bool, Float, Int, ServingState
 from codeparrot.serving.text import IncrementalDecoder, find_stop, held_back, stop_search_start
 
-Float = Annotated[float, Field(allow_inf_nan=False)]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 # Settings that would change the answer and are not implemented, with the value that changes nothing (accepted, as
 # is leaving them out). vLLM's extras among them are what OpenAI-compatible clients send: as unknown fields they were
@@ -46,39 +47,39 @@ UNSUPPORTED = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    prompt: str | list[str] | list[Int] | list[list[Int]] | None = None
     suffix: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     temperature: Float | None = None
     top_p: Float | None = None
-    n: int | None = None
-    stream: bool | None = None
+    n: Int | None = None
+    stream: Bool | None = None
     stream_options: StreamOptions | None = None
-    logprobs: int | None = None
-    echo: bool | None = None
+    logprobs: Int | None = None
+    echo: Bool | None = None
     stop: str | list[str] | None = None
     presence_penalty: Float | None = None
     frequency_penalty: Float | None = None
-    best_of: int | None = None
+    best_of: Int | None = None
     logit_bias: dict[str, Float] | None = None
-    seed: int | None = None
+    seed: Int | None = None
     user: str | None = None
     # vLLM's sampling extras
-    top_k: int | None = None
+    top_k: Int | None = None
     repetition_penalty: Float | None = None
     min_p: Float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool | None = None
-    use_beam_search: bool | None = None
+    min_tokens: Int | None = None
+    ignore_eos: Bool | None = None
+    stop_token_ids: list[Int] | None = None
+    include_stop_str_in_output: Bool | None = None
+    use_beam_search: Bool | None = None
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -105,6 +106,9 @@ async def to_jobs(state: ServingState, req: CompletionRequest) -> tuple[list[str
     if len(prompts) * n > state.limits.max_n:
         raise _bad(f"{len(prompts)} prompt(s) x n={n} is {len(prompts) * n} choices; this server gives at most "
                    f"{state.limits.max_n} per request (--max-n)", "n")
+    if len(prompts) > state.engine.max_requests:  # each prompt is one engine request: a 429 would never clear
+        raise _bad(f"{len(prompts)} prompts in one request; this server runs at most {state.engine.max_requests} "
+                   "requests at once (--max-concurrent-requests): send fewer per request", "prompt")
     if req.best_of not in (None, n):
         raise _bad("`best_of` other than `n` is not supported by this server", "best_of")
     temperature = 1.0 if req.temperature is None else req.temperature
@@ -129,12 +133,13 @@ async def to_jobs(state: ServingState, req: CompletionRequest) -> tuple[list[str
     if req.seed is not None and not 0 <= req.seed < 2**64:
         raise _bad(f"`seed` must be in [0, 2^64), got {req.seed}", "seed")
     stops = state.check_stops([req.stop] if isinstance(req.stop, str) else list(req.stop or []))
+    if req.suffix and req.echo:
+        raise _bad("`echo` is not supported with `suffix`", "echo")
+    if req.suffix and not state.info.fim:
+        raise _bad("`suffix` (fill-in-the-middle) needs the FIM tokens, and this model's tokenizer lacks them "
+                   "(trained before they were reserved); send the prompt without a suffix", "suffix")
+    state.engine.check_room(len(prompts))  # full: 429 now, before tokenizing (`submit` checks again)
     if req.suffix:
-        if req.echo:
-            raise _bad("`echo` is not supported with `suffix`", "echo")
-        if not state.info.fim:
-            raise _bad("`suffix` (fill-in-the-middle) needs the FIM tokens, and this model's tokenizer lacks them "
-                       "(trained before they were reserved); send the prompt without a suffix", "suffix")
         ids = [await state.fim_prompt_ids(p, req.suffix) for p in prompts]
     else:
         ids = [await state.prompt_ids(p, param="prompt") for p in prompts]
@@ -207,7 +212,8 @@ def completion_answer(state: ServingState, req: CompletionRequest, prompts: list
 
 class CompletionStream:
     """Engine events to OpenAI's completion chunks. A choice's text goes out as soon as it is final: a tail that
-    may still become a stop sequence (which would be cut) waits for the next token."""
+    may still become a stop sequence (which would be cut) waits for the next token, or for the choice's end, which
+    goes out when that choice ends (its finish_reason with what it held back), not when its request's n do."""
 
     def __init__(self, state: ServingState, req: CompletionRequest, prompts: list[str], params: SamplingParams):
         self.state = state
@@ -220,6 +226,7 @@ class CompletionStream:
         self.usage = bool(req.stream_options and req.stream_options.include_usage)
         self.text: dict[int, str] = {}  # choice index -> text generated so far (before any cut)
         self.sent: dict[int, int] = {}  # choice index -> characters of it already sent
+        self.ended: set[int] = set()  # choice indices whose last chunk was sent
         self.tokens = [0, 0]  # prompt, completion
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
@@ -239,8 +246,13 @@ class CompletionStream:
         return [self._chunk([self._choice(p * self.n + i, prompt) for i in range(self.n)])
                 for p, prompt in enumerate(self.prompts)]
 
-    def token(self, tag: int, seq_index: int, token: Token) -> list[dict]:
+    def token(self, tag: int, seq_index: int, token: Token, ended: SequenceResult | None = None) -> list[dict]:
+        """The chunk `token` makes ready, if any; with `ended` (the sequence ends with this token) the choice's last
+        chunk: the rest of its text and its finish_reason, at once, whether or not the request's other sequences
+        go on (they used to wait for the last of the n)."""
         index = tag * self.n + seq_index
+        if ended is not None:
+            return [self._end(index, ended)]
         before = self.text.get(index, "")
         text = self.text[index] = before + token.text
         sent = self.sent.get(index, 0)
@@ -255,16 +267,17 @@ class CompletionStream:
         self.sent[index] = ready
         return [self._chunk([self._choice(index, text[sent:ready])])]
 
+    def _end(self, index: int, seq: SequenceResult) -> dict:
+        """A choice's last chunk: what it held back of its text (cut at the stop string), with its finish_reason."""
+        self.ended.add(index)
+        return self._chunk([self._choice(index, final_text(seq)[self.sent.get(index, 0):], finish_reason(seq))])
+
     def done(self, tag: int, result: JobResult) -> list[dict]:
+        """The request of prompt `tag` ended: its counts, and the end of any choice not ended yet."""
         self.tokens[0] += len(result.prompt_ids)
-        out = []
-        for seq in result.sequences:
-            index = tag * self.n + seq.index
-            text = final_text(seq)
-            sent = self.sent.get(index, 0)
-            self.tokens[1] += len(seq.tokens)
-            out.append(self._chunk([self._choice(index, text[sent:], finish_reason(seq))]))
-        return out
+        self.tokens[1] += sum(len(seq.tokens) for seq in result.sequences)
+        return [self._end(tag * self.n + seq.index, seq) for seq in result.sequences
+                if tag * self.n + seq.index not in self.ended]
 
     def end(self) -> list[dict]:
         if not self.usage:

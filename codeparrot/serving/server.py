@@ -113,7 +113,7 @@ class Server(uvicorn.Server):
 
 
 def make_server(state: ServingState, cfg: ServeConfig, quiet: bool = False) -> Server:
-    app = build_app(state, max_request_bytes=cfg.max_request_kb * 1024)
+    app = build_app(state, max_request_bytes=cfg.max_request_kb * 1024, body_timeout=cfg.body_timeout)
     config = uvicorn.Config(app, lifespan="off", timeout_graceful_shutdown=cfg.shutdown_timeout,
                             log_level="warning" if quiet else cfg.log_level, access_log=not quiet,
                             log_config=None if quiet else uvicorn.config.LOGGING_CONFIG)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Annotated
 
 import anyio
+from pydantic import Field
 
 from codeparrot.fim import fim_prompt_ids
 from codeparrot.fim.encoding import plain_text_encoder
@@ -26,6 +28,12 @@ from codeparrot.serving.engine import Engine, Job, JobResult
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.sampling import SamplingParams
 
+# Request fields' JSON types, strict in both APIs: a JSON `true` is not the number 1, `"yes"` is not true, `"5"` and
+# `5.0` are not the integer 5 (TGI's own parser refuses them too). Pydantic's default (lax) mode converted all of
+# these, so a mistyped request ran with settings nobody asked for. A float field takes an integer (`temperature: 0`).
+Int = Annotated[int, Field(strict=True)]
+Bool = Annotated[bool, Field(strict=True)]
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # OpenAI's bound on `logprobs` (TGI's default max_top_n_tokens is the same).
 MAX_TOP_LOGPROBS = 5
 # How often a route waiting for a non-streamed answer checks that its client is still there.

@@ -17,16 +17,14 @@ request gets what fits (context, --max-new-tokens); the end-of-sequence token is
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from codeparrot.serving.engine import JobResult, SequenceResult, Token
 from codeparrot.serving.errors import ApiError
 from codeparrot.serving.sampling import SamplingParams
-from codeparrot.serving.state import MAX_TOP_LOGPROBS, ServingState
-
-Float = Annotated[float, Field(allow_inf_nan=False)]
+from codeparrot.serving.state import MAX_TOP_LOGPROBS, Bool, Float, Int, ServingState
 
 
 class TgiParameters(BaseModel):
@@ -35,24 +33,24 @@ class TgiParameters(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     adapter_id: str | None = None
-    best_of: int | None = None
-    decoder_input_details: bool = False
-    details: bool = False
-    do_sample: bool = False
+    best_of: Int | None = None
+    decoder_input_details: Bool = False
+    details: Bool = False
+    do_sample: Bool = False
     frequency_penalty: Float | None = None
     grammar: Any = None
-    max_new_tokens: int | None = None
+    max_new_tokens: Int | None = None
     repetition_penalty: Float | None = None
-    return_full_text: bool | None = None
-    seed: int | None = None
+    return_full_text: Bool | None = None
+    seed: Int | None = None
     stop: list[str] | None = None
     temperature: Float | None = None
-    top_k: int | None = None
-    top_n_tokens: int | None = None
+    top_k: Int | None = None
+    top_n_tokens: Int | None = None
     top_p: Float | None = None
-    truncate: int | None = None
+    truncate: Int | None = None
     typical_p: Float | None = None
-    watermark: bool = False
+    watermark: Bool = False
 
 
 class TgiRequest(BaseModel):
@@ -62,7 +60,7 @@ class TgiRequest(BaseModel):
 
     inputs: str
     parameters: TgiParameters = Field(default_factory=TgiParameters)
-    stream: bool = False
+    stream: Bool = False
 
 
 def _refuse(what: str, param: str) -> ApiError:
@@ -108,6 +106,7 @@ async def to_job(state: ServingState, body: TgiRequest, stream: bool) -> tuple[l
     if best_of > 1 and (not sampling or p.seed is not None or stream):
         raise _refuse("> 1 needs sampling, no seed and no streaming", "best_of")
     stops = state.check_stops(p.stop or [], "parameters.stop")
+    state.engine.check_room()  # full: 429 now, before tokenizing (`submit` checks again)
     prompt = await state.prompt_ids(body.inputs, p.truncate)
     new = state.new_tokens(p.max_new_tokens, len(prompt), "max_new_tokens")
     temperature = (p.temperature or 1.0) if sampling else 0.0

@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from accelerate import Accelerator, PartialState
@@ -62,16 +62,25 @@ class EvalResult:
                 "val_sequences": self.sequences, "val_seq_length": self.seq_length}
 
 
+class EvaluationStopped(CodeParrotError):
+    """`evaluate` was asked to stop (`should_stop`) before the end: there is no loss to report."""
+
+
 @torch.no_grad()
 def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int = -1,
              dummy_shape: tuple[int, int] | None = None,
-             head_weight: FusedHead | torch.Tensor | None = None) -> EvalResult:
+             head_weight: FusedHead | torch.Tensor | None = None,
+             should_stop: Callable[[], bool] | None = None) -> EvalResult:
     """Validation loss of `model` over this process's `batches` (LongTensor [B, T], labels = inputs) and the
     other processes' ones: `max_steps` eval steps (each process one batch per step), or -1 for all of them.
 
     `dummy_shape` [B, T] is the shape of every forward: a shorter batch is padded to it, and a process whose data
     ran out forwards a fully masked one (default: the largest batch seen; required only when a process may have
-    no data at all). `head_weight`: see `token_loss_sum`."""
+    no data at all). `head_weight`: see `token_loss_sum`.
+
+    `should_stop`, asked on the host before every eval step (the app's losses plot: its client cancelled or
+    left), ends the evaluation there with `EvaluationStopped`; with several processes, on all of them at the same
+    step as soon as one is asked to (carried by the step's "has data" all-reduce: no extra collective)."""
     device = accelerator.device
     was_training = model.training
     model.eval()
@@ -82,13 +91,17 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     iterator: Iterator[torch.Tensor] = iter(batches)
     steps = 0
     shape = dummy_shape
+    stopped = False
     while max_steps < 0 or steps < max_steps:
-        batch = next(iterator, None)
+        stopped = should_stop is not None and bool(should_stop())
+        batch = None if stopped else next(iterator, None)
         if accelerator.num_processes > 1:  # one host read per step: every process must agree to go on
-            has_data = torch.tensor([0 if batch is None else 1], device=device)
-            if int(accelerator.reduce(has_data, reduction="sum").item()) == 0:  # every process has run out
+            flags = torch.tensor([0 if batch is None else 1, int(stopped)], device=device)
+            has_data, stops = accelerator.reduce(flags, reduction="sum").tolist()
+            stopped = stops > 0
+            if stopped or has_data == 0:  # one process was asked to stop, or every process has run out
                 break
-        elif batch is None:  # one process: known on the host, no device round trip (a GPU sync per batch)
+        elif stopped or batch is None:  # one process: known on the host, no device round trip (a GPU sync per batch)
             break
         if batch is not None:
             sequences += batch.shape[0]
@@ -114,6 +127,9 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     total_loss, total_count, total_sequences = totals.tolist()
     if was_training:
         model.train()
+    if stopped:
+        raise EvaluationStopped(f"the evaluation was stopped after {steps} of its batches: its caller asked it to "
+                                f"(should_stop)")
     loss = total_loss / total_count if total_count else float("nan")
     return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps,
                       sequences=int(total_sequences), seq_length=seq_length or (shape[1] if shape else None))
@@ -170,9 +186,11 @@ def perplexity(loss: float) -> float:
 
 def validation_loss(model_ref: str, dataset: str, revision: str | None = None, tokenizer_ref: str | None = None,
                     seq_length: int | None = None, batch_size: int = 8, max_eval_steps: int = -1,
-                    text_column: str = "content", num_workers: int = 0, mixed_precision: str | None = None) -> dict:
+                    text_column: str = "content", num_workers: int = 0, mixed_precision: str | None = None,
+                    should_stop: Callable[[], bool] | None = None) -> dict:
     """Loss and perplexity of a checkpoint (`model_ref` at `revision`) on `dataset`, on every process Accelerate
-    launched (each takes its own shard). Returns the same summary dict on every process."""
+    launched (each takes its own shard). Returns the same summary dict on every process. `should_stop`: see
+    `evaluate` (raises `EvaluationStopped`)."""
     if batch_size <= 0 or (max_eval_steps == 0 or max_eval_steps < -1):
         raise CodeParrotError(f"batch size must be > 0 and max eval steps -1 or > 0, got {batch_size}, {max_eval_steps}")
     if seq_length is not None and seq_length <= 0:  # 0 would silently mean the model's context
@@ -199,8 +217,12 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
                               pin_memory=accelerator.device.type == "cuda")
     model = accelerator.prepare(model)
     head = fused_head_weight(accelerator, model)
-    result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length),
-                      head_weight=head)
+    try:
+        result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length),
+                          head_weight=head, should_stop=should_stop)
+    except EvaluationStopped:
+        accelerator.end_training()  # as after a whole evaluation: every process stopped at the same step
+        raise
     accelerator.end_training()
     if not result.tokens:  # every process has the totals: each raises the same line
         raise CodeParrotError(f"nothing to evaluate: {dataset} holds no complete sequence of {seq_length} tokens "

@@ -139,6 +139,90 @@ def test_a_client_that_disconnects_stops_its_generation(served, endless):
     assert _slot_is_free()
 
 
+@pytest.fixture
+def slow_losses(monkeypatch, app_repo, write_shards, memorized_code):
+    """/losses computed on a validation folder of the app's --data-dir (40 batches of 8 per checkpoint), every
+    forward of the evaluation slowed to 0.1 s: (forwards, stopped). `forwards` holds each forward's start time,
+    `stopped` is set when the plot's computation returns or raises; at teardown every further forward fails,
+    which ends it on the old code."""
+    import threading
+    import time
+
+    from codeparrot.app import experiments
+    from codeparrot.training import validation
+
+    write_shards(app_repo["clean"] / "slow-valid", [memorized_code] * 1000, 1)
+    forwards, stopped, release = [], threading.Event(), threading.Event()
+    forward, plot = validation.token_loss_sum, experiments.losses_plot
+
+    def slow_forward(*args, **kwargs):
+        if release.is_set():
+            raise RuntimeError("the test is over")
+        forwards.append(time.monotonic())
+        time.sleep(0.1)
+        return forward(*args, **kwargs)
+
+    def watched_plot(*args, **kwargs):
+        try:
+            return plot(*args, **kwargs)
+        finally:
+            stopped.set()
+
+    monkeypatch.setattr(validation, "token_loss_sum", slow_forward)
+    monkeypatch.setattr(experiments, "losses_plot", watched_plot)
+    yield forwards, stopped
+    release.set()
+    stopped.wait(10)  # the next test finds the losses event free
+
+
+def _evaluating(forwards) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while not forwards and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert forwards, "the losses computation never started evaluating"
+
+
+def test_a_cancelled_losses_plot_stops_evaluating(client, slow_losses):
+    """A client that cancels its /losses computed on a validation folder (up to 256 batches per checkpoint of
+    every branch) stops the evaluation within a batch or two, instead of running it to the end for nobody."""
+    import time
+
+    forwards, stopped = slow_losses
+    job = client.submit(["exp"], "slow-valid", 40, api_name="/losses")
+    _evaluating(forwards)
+    assert not stopped.is_set()
+    cancelled = time.monotonic()
+    job.cancel()
+    assert stopped.wait(3), "the evaluation went on after its request was cancelled"
+    # the batch in flight and the few a heartbeat (0.5 s) lets through: not the rest of the split (40 per checkpoint)
+    assert len([t for t in forwards if t > cancelled]) <= 8 and len(forwards) < 40, len(forwards)
+
+
+def test_a_client_that_disconnects_stops_its_losses_plot(served, slow_losses):
+    """A client that goes away while its losses are computed (a closed tab; here a plain HTTP client that closes
+    its event stream) stops the evaluation it asked for."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    forwards, stopped = slow_losses
+    address = urlsplit(served[1])
+    conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    conn.request("POST", "/gradio_api/call/losses", json.dumps({"data": [["exp"], "slow-valid", 40]}),
+                 {"Content-Type": "application/json"})
+    event_id = json.loads(conn.getresponse().read())["event_id"]
+    conn.request("GET", f"/gradio_api/call/losses/{event_id}")
+    events = conn.getresponse()
+    _evaluating(forwards)
+    assert not stopped.is_set()
+    conn.close()
+    events.close()
+    assert stopped.wait(3), "the evaluation went on after its client disconnected"
+    assert len(forwards) < 40, len(forwards)
+
+
 def test_highlight_one_coloured_span_per_token(client, served, memorized_code):
     page, lines, status = client.predict(memorized_code, None, "exp", "latest", api_name="/highlight")
     _, tok, _ = served[0].model("exp", "latest")

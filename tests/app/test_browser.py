@@ -74,14 +74,21 @@ class Browser:
         return result["result"].get("value")
 
     def wait(self, expression: str, timeout: float = 30.0):
-        """Poll a JS expression until it is truthy; its value."""
-        deadline = time.monotonic() + timeout
+        """Poll a JS expression until it is truthy; its value. An exception counts as not yet (a tab's elements
+        appear some time after it is selected, later on a loaded machine); the last one is named on timeout."""
+        deadline, last_error = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
-            value = self.js(expression)
+            try:
+                value = self.js(expression)
+            except RuntimeError as err:
+                if "DevTools pipe" in str(err):
+                    raise
+                value, last_error = None, err
             if value:
                 return value
             time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for: {expression}")
+        raise AssertionError(f"timed out waiting for: {expression}"
+                             + (f" (last error: {last_error})" if last_error else ""))
 
     def screenshot(self, path: Path) -> Path:
         data = self.call("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True)["data"]

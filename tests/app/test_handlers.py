@@ -78,7 +78,7 @@ def test_compare_generates_under_the_generation_lock(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("max_new, seed, message", [
-    (2.5, 0, "max new tokens must be a whole number, got 2.5"),
+    (2.5, 0, "max new tokens must be a whole number of at least 1, got 2.5"),
     (8, None, "the seed must be a whole number"),
     (8, 1.5, "the seed must be a whole number"),
 ])
@@ -113,6 +113,25 @@ def test_a_seed_that_is_no_whole_number_is_refused_before_any_model_loads(tmp_pa
     assert str(refused.value) == message
 
 
+@pytest.mark.parametrize("tab", ["complete", "infill", "compare"])
+@pytest.mark.parametrize("max_new", [0, -5])
+def test_max_new_tokens_below_one_is_refused_before_any_model_loads(tmp_path, tab, max_new):
+    """The HTTP API can ask for 0 or -5 new tokens (the page's slider starts at 1): it was quietly raised to 1
+    and one token generated. It is now the field's one-line refusal, before any model loads (the workspace has no
+    repository: reaching it would be a different error)."""
+    from codeparrot.app.complete import stream_completion
+    from codeparrot.app.experiments import compare
+    from codeparrot.app.infill import stream_infill
+
+    ws = Workspace(str(tmp_path / "no-repo"))
+    handler = {"complete": lambda: stream_completion(ws, "def f():", "main", "latest", 0.0, 0.95, max_new, 0),
+               "infill": lambda: stream_infill(ws, "x = ", "\n", "main", "latest", 0.0, 0.95, max_new, 0),
+               "compare": lambda: compare(ws, "def f():", "main", "latest", "exp", "latest", 0.0, max_new, 0)}[tab]
+    with pytest.raises(CodeParrotError) as refused:
+        next(handler())
+    assert str(refused.value) == f"max new tokens must be a whole number of at least 1, got {max_new!r}"
+
+
 def test_whole_number_fields():
     """What the page and the API send for a count or a seed: floats from sliders, text, JSON's oddities."""
     from codeparrot.app.whole_number import whole_number
@@ -123,6 +142,9 @@ def test_whole_number_fields():
             whole_number(bad, "n")
     with pytest.raises(CodeParrotError, match="^n must be a whole number from 1 to 3 to plot, got 4$"):
         whole_number(4, "n", within=(1, 3), why=" to plot")
+    with pytest.raises(CodeParrotError, match="^n must be a whole number of at least 1, got 0$"):
+        whole_number(0, "n", within=(1, None))
+    assert whole_number(2**70, "n", within=(1, None)) == 2**70
 
 
 def test_an_empty_batches_field_gets_the_bound_message(tmp_path):

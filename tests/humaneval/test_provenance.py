@@ -1,4 +1,4 @@
-"""What a HumanEval run records about the weights it sampled (codeparrot.humaneval.provenance): the commit a Hub or
+"""What a HumanEval run records about the weights it sampled (codeparrot.repository.provenance): the commit a Hub or
 local revision names, resolved offline here (a Hub cache laid out as huggingface_hub writes it, and a stand-in for
 the Hub's API), and nothing where a commit would not name the files loaded."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from codeparrot.errors import CodeParrotError
-from codeparrot.humaneval.provenance import pinned_commit
+from codeparrot.repository.provenance import pinned_commit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -117,6 +117,44 @@ def test_cli_reads_prompt_from_stdin_and_writes_json(tiny_models, tmp_path, caps
     assert "stop string" in captured.err and "tokens/s" in captured.err
 
 
+def test_output_records_the_commit_sampled_and_the_dtype_even_if_the_branch_moves(tiny_models, tmp_path, capsys,
+                                                                                monkeypatch, load_script):
+    """--output recorded the model and the revision as given: a branch name, which moves as training pushes
+    checkpoints, so the saved samples could not be traced to weights. It records the commit the revision named
+    and the dtype the weights were loaded in, and samples exactly that commit: here the branch moves on to other
+    weights right after it was resolved, and the completion still comes from the commit recorded."""
+    from codeparrot.inference import completion
+    from codeparrot.repository.refs import open_repository
+
+    repo = open_repository(str(tmp_path / "repo"), create=True)
+    repo.commit_folder(tiny_models["random"], "main", "initial model")
+    repo.create_branch("exp-1")
+    repo.commit_folder(tiny_models["memorized"], "exp-1", "step 10")
+    memorized = repo.resolve_revision("exp-1")
+    resolve = completion.pinned_commit
+
+    def resolve_then_push(model, revision):  # training pushes a checkpoint right after the run resolved its branch
+        commit = resolve(model, revision)
+        repo.commit_folder(tiny_models["random"], "exp-1", "step 20")
+        return commit
+
+    monkeypatch.setattr(completion, "pinned_commit", resolve_then_push)
+    out = tmp_path / "samples.json"
+    assert load_script("generate").main(["--model", str(tmp_path / "repo"), "--revision", "exp-1", "--prompt",
+                                         "def add(a, b):", "--temperature", "0", "--max-new-tokens", "40",
+                                         "--device", "cpu", "--output", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["revision"], record["commit"], record["dtype"]) == ("exp-1", memorized, "float32")
+    assert record["completions"][0]["completion"] == "\n    return a + b\n"  # the memorized weights sampled
+    assert repo.resolve_revision("exp-1") != memorized and capsys.readouterr().out.endswith("return a + b\n")
+    # a plain folder has no commit to pin: recorded as none, the dtype still
+    monkeypatch.setattr(completion, "pinned_commit", resolve)
+    assert load_script("generate").main(["--model", str(tiny_models["memorized"]), "--prompt", "def add(a, b):",
+                                         "--max-new-tokens", "4", "--device", "cpu", "--output", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["commit"] is None and record["dtype"] == "float32"
+
+
 def test_cli_help_documents_every_flag(scripts_env, python, repo_root):
     result = subprocess.run([python, str(repo_root / "scripts" / "generate.py"), "--help"], capture_output=True,
                             text=True, env=scripts_env, timeout=60)

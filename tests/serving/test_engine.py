@@ -271,3 +271,28 @@ def test_any_end_token_ends_a_sequence_without_text(memorized):
         engine.close()
     seq = result.sequences[0]
     assert (seq.finish_reason, seq.text, [t.id for t in seq.tokens]) == ("eos_token", "", [first])
+
+
+def test_prompt_logprobs_of_n_sequences_come_from_one_row(random_model, engine_for):
+    """`echo` with `logprobs` (TGI's decoder_input_details) asks for the prompt's log-probabilities. The prefill
+    made every position's logits for all n copies of the prompt, where one row gives them: a 1,000-token prompt,
+    n=16 and a 50k vocabulary made 3 GB of logits. The output layer now never makes more than one row's."""
+    model, tokenizer = random_model
+    engine = engine_for(model, tokenizer, max_batch_size=8)
+    prompt = "def f(x):\n    return [x for x in range(10)]\n"
+    made = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda module, args, out: made.append(out.numel()))
+    try:
+        one, four = run(engine, tokenizer, [(prompt, SamplingParams(max_new_tokens=2, prompt_logprobs=True)),
+                                            (prompt, SamplingParams(max_new_tokens=2, n=4, temperature=1.0, seed=1,
+                                                                    prompt_logprobs=True))])
+    finally:
+        hook.remove()
+    ids = one.prompt_ids
+    assert len(ids) > 5 and max(made) <= len(ids) * model.config.vocab_size  # one row (a step has at most 5 rows)
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
+    expected = logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert one.prompt_logprobs[0] is None and four.prompt_logprobs == one.prompt_logprobs
+    torch.testing.assert_close(torch.tensor(one.prompt_logprobs[1:]), expected)
+    assert len(four.sequences) == 4 and all(len(seq.tokens) == 2 for seq in four.sequences)

@@ -5,6 +5,7 @@ clients that leave in the middle of their answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import socket
@@ -107,9 +108,48 @@ def test_tgi_routes_refuse_bad_bodies_in_tgi_format(hostile, body, words):
     (b'{"prompt": "x", "repetition_penalty": 1.2}', "repetition_penalty"),
     (b'{"prompt": "x", "min_p": 0.1}', "min_p"),
     (b'{"prompt": "x", "top_k": -2}', "top_k"),
+    # more prompts than --max-concurrent-requests (4) could never run: it was a 429 "retry later" forever
+    (b'{"prompt": ["a", "b", "c", "d", "e"], "max_tokens": 2}', "at most 4 requests at once (--max-concurrent"),
 ])
 def test_openai_route_refuses_bad_bodies_in_openai_format(hostile, body, words):
     assert_openai_error(request(hostile, "POST", "/v1/completions", body), 400, words)
+
+
+# Wrong JSON types were converted: `true` read as 1, "yes" as true, "5" and 5.0 as 5. Every number and boolean field
+# of both APIs is strict; a float field still takes an integer.
+TGI_WRONG_TYPES = [("max_new_tokens", True), ("max_new_tokens", 5.0), ("max_new_tokens", "5"), ("best_of", 1.0),
+                   ("seed", False), ("top_k", "3"), ("top_n_tokens", True), ("truncate", 2.0), ("do_sample", "yes"),
+                   ("details", 1), ("decoder_input_details", "true"), ("return_full_text", 0), ("watermark", "no"),
+                   ("temperature", True), ("top_p", "0.5"), ("repetition_penalty", False), ("typical_p", "1")]
+OPENAI_WRONG_TYPES = [("max_tokens", True), ("max_tokens", 5.0), ("max_tokens", "5"), ("n", True), ("logprobs", True),
+                      ("seed", "7"), ("top_k", 1.0), ("best_of", False), ("min_tokens", 0.0), ("stream", "yes"),
+                      ("stream", 1), ("echo", "true"), ("ignore_eos", 0), ("use_beam_search", "false"),
+                      ("temperature", True), ("top_p", "1"), ("presence_penalty", False), ("stop_token_ids", [True])]
+
+
+@pytest.mark.parametrize("field, value", TGI_WRONG_TYPES, ids=[f"{f}={v!r}" for f, v in TGI_WRONG_TYPES])
+def test_tgi_wrong_types_are_refused_not_converted(hostile, field, value):
+    body = {"inputs": "x", "parameters": {"max_new_tokens": 2, field: value}}
+    for path in ("/generate", "/generate_stream", "/"):
+        assert_tgi_error(request(hostile, "POST", path, body), 422, "validation", f"parameters.{field}: Input should")
+    assert_tgi_error(request(hostile, "POST", "/", {"inputs": "x", "stream": "yes"}), 422, "validation", "stream")
+
+
+@pytest.mark.parametrize("field, value", OPENAI_WRONG_TYPES, ids=[f"{f}={v!r}" for f, v in OPENAI_WRONG_TYPES])
+def test_openai_wrong_types_are_refused_not_converted(hostile, field, value):
+    answer = request(hostile, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, field: value})
+    assert_openai_error(answer, 400, "Input should be a valid")
+    error = answer[2]["error"]
+    assert error["param"].startswith(field) and error["message"].startswith(field), error  # `stop_token_ids.0`
+
+
+def test_openai_nested_wrong_type_is_refused_and_integers_still_pass_as_floats(hostile):
+    body = {"prompt": "x", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": "true"}}
+    assert_openai_error(request(hostile, "POST", "/v1/completions", body), 400, "stream_options.include_usage")
+    body = {"prompt": "x", "max_tokens": 2, "temperature": 1, "top_p": 1, "presence_penalty": 0}
+    assert request(hostile, "POST", "/v1/completions", body)[0] == 200
+    body = {"inputs": "x", "parameters": {"max_new_tokens": 2, "temperature": 1, "top_p": 1, "repetition_penalty": 1}}
+    assert request(hostile, "POST", "/generate", body)[0] == 200
 
 
 def test_openai_route_applies_top_k_rather_than_ignoring_it(hostile):
@@ -256,22 +296,82 @@ def test_clients_leaving_mid_answer_are_cancelled_and_others_finish(hostile):
     assert status == 200 and body["generated_text"] is not None
 
 
+@contextlib.contextmanager
+def full(server, requests: int = 4):
+    """`server` with `requests` streams of 60 tokens waiting or running (its --max-concurrent-requests: 2 running, 2
+    waiting), closed (cancelled) at the end."""
+    streams = [_open_stream(server, "/generate_stream", {"inputs": "x", "parameters": {"max_new_tokens": 60}},
+                            first_event=False) for _ in range(requests)]
+    try:
+        deadline = time.monotonic() + 30
+        while server.state.engine.stats()["requests"] < requests:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        yield
+    finally:
+        for sock in streams:
+            sock.close()
+    settled(server)
+
+
 def test_full_queue_is_429_for_the_hub_client(hostile, monkeypatch):
     import huggingface_hub.constants
     from huggingface_hub import InferenceClient
     from huggingface_hub.errors import OverloadedError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # loopback only: see test_tgi.py
-    streams = [_open_stream(hostile, "/generate_stream", {"inputs": "x", "parameters": {"max_new_tokens": 60}},
-                            first_event=False) for _ in range(4)]
-    try:
-        deadline = time.monotonic() + 30
-        while hostile.state.engine.stats()["requests"] < 4:  # 2 running, 2 waiting: the bound
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        with pytest.raises(OverloadedError, match="overloaded"):
-            InferenceClient(model=hostile.url, token=KEY).text_generation("x", max_new_tokens=2)
-    finally:
-        for sock in streams:
-            sock.close()
-    settled(hostile)
+    with full(hostile), pytest.raises(OverloadedError, match="overloaded"):
+        InferenceClient(model=hostile.url, token=KEY).text_generation("x", max_new_tokens=2)
+
+
+def test_a_full_server_refuses_before_tokenizing(hostile, monkeypatch):
+    """The 429 came after the prompt was tokenized: under a flood every refused request's prompt (up to
+    --max-request-kb) was tokenized for nothing. Now a full server refuses for the price of a lock; a request that
+    is itself invalid still gets its 400/422 (retrying it would never help)."""
+    state, tokenized = hostile.state, []
+    real = state._tokenized
+
+    async def counted(*args, **kwargs):
+        tokenized.append(1)
+        return await real(*args, **kwargs)
+
+    prompt = "def f(x):\n    return x\n"
+    with full(hostile):
+        monkeypatch.setattr(state, "_tokenized", counted)
+        for path in ("/generate", "/generate_stream", "/"):
+            assert_tgi_error(request(hostile, "POST", path, {"inputs": prompt}), 429, "overloaded", "overloaded")
+        for body in ({"prompt": prompt}, {"prompt": [prompt, prompt]}, {"prompt": prompt, "suffix": "y"}):
+            answer = request(hostile, "POST", "/v1/completions", body)
+            assert_openai_error(answer, 429, "overloaded")
+            assert answer[2]["error"]["code"] == "rate_limit_exceeded"
+        assert_tgi_error(request(hostile, "POST", "/generate", {"inputs": prompt, "parameters": {"top_p": 2.0}}),
+                         422, "validation", "top_p")
+        assert tokenized == []
+    assert request(hostile, "POST", "/generate", {"inputs": prompt, "parameters": {"max_new_tokens": 2}})[0] == 200
+    assert tokenized == [1]
+
+
+def test_a_body_that_never_comes_is_answered_408_and_its_connection_closed(serve_model, monkeypatch):
+    """A client that declares a Content-Length and sends less (or nothing) held its connection open forever: uvicorn
+    bounds only idle keep-alive connections. Now it gets --body-timeout seconds, then a 408 in its API's format and a
+    closed connection; the server goes on serving."""
+    server = serve_model("random", body_timeout=0.3)
+    url = urlsplit(server.url)
+    socks = {}
+    for path in ("/generate", "/v1/completions"):
+        socks[path] = socket.create_connection((url.hostname, url.port), timeout=3)
+        socks[path].sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            "Content-Length: 100\r\n\r\n{\"in".encode())  # 4 of the 100 bytes, then nothing
+    answers = {}
+    for path, sock in socks.items():
+        raw = b""
+        while chunk := sock.recv(4096):  # until the server closes: a timeout here is the bug
+            raw += chunk
+        sock.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        answers[path] = (int(head.split(b" ", 2)[1]), json.loads(body))
+    status, body = answers["/generate"]
+    assert status == 408 and body["error_type"] == "timeout" and "--body-timeout" in body["error"], body
+    status, body = answers["/v1/completions"]
+    assert status == 408 and body["error"]["code"] == "request_timeout" and "0.3 s" in body["error"]["message"]
+    assert request(server, "POST", "/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2}})[0] == 200

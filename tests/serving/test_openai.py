@@ -4,6 +4,7 @@ requests, against a server on 127.0.0.1; answers equal scripts/generate.py's for
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 
 import pytest
@@ -131,6 +132,54 @@ def test_continue_streamed_fim_request(served, generate_py):
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert text == generate_py(PREFIX, new_tokens=16, suffix=SUFFIX).split("\n\n\n")[0]
+
+
+def test_streamed_choices_end_each_when_it_ends(served, client, monkeypatch):
+    """With n > 1, a choice's last chunk (its finish_reason, and the text it held back in case it became a stop
+    string) waited until all n sequences had ended. Here sequence 0 ends at its second token (EOS) holding its first
+    token's text (the start of a stop string); decoding steps after that one wait until the client has read its end.
+    """
+    from codeparrot.serving import sampling
+
+    first = client.completions.create(model="m", prompt=PROMPT, max_tokens=1, temperature=0).choices[0].text
+    eos, real_choose = served.state.tokenizer.eos_token_id, sampling.TokenChooser.choose
+
+    def choose(self, logits, rows):
+        picked = real_choose(self, logits, rows)
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.n == 2 and self.calls == 2 and rows[0] == 0:
+            picked[0] = eos
+        return picked
+
+    steps, gate, real_step = [], threading.Event(), served.state.engine.batch.step
+
+    def step(tokens):
+        steps.append(1)
+        return (len(steps) < 2 or gate.wait(10)) and real_step(tokens)
+
+    monkeypatch.setattr(sampling.TokenChooser, "choose", choose)
+    monkeypatch.setattr(served.state.engine.batch, "step", step)
+    body = {"prompt": PROMPT, "n": 2, "max_tokens": 6, "temperature": 0, "stream": True, "stop": [first + "@@"]}
+    request = urllib.request.Request(served.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    chunks = []
+    try:
+        with urllib.request.urlopen(request, timeout=3) as answer:
+            while not any(c["index"] == 0 and c["finish_reason"] for c in chunks):  # a timeout here is the bug
+                line = answer.readline()
+                if line.startswith(b"data: {"):
+                    chunks += json.loads(line[6:])["choices"]
+            early = list(chunks)
+            gate.set()
+            rest = answer.read().decode().split("\n")
+    finally:
+        gate.set()
+    chunks += [choice for line in rest if line.startswith("data: {") for choice in json.loads(line[6:])["choices"]]
+    assert not any(c["index"] == 1 and c["finish_reason"] for c in early)  # sequence 1 still running
+    zero = [c for c in chunks if c["index"] == 0]
+    assert "".join(c["text"] for c in zero) == first and zero[-1]["finish_reason"] == "stop"
+    assert [c["finish_reason"] for c in chunks if c["index"] == 1][-1] == "length"
+    assert [line for line in rest if line][-1] == "data: [DONE]"
 
 
 def test_every_connection_stayed_on_loopback(off_loopback):

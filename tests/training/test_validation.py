@@ -40,6 +40,25 @@ def test_one_process_evaluates_the_split_reading_the_host_only_for_the_totals():
     assert reads.count == 3  # the totals at the end (loss, tokens, sequences: one .tolist()); none per batch
 
 
+def test_an_evaluation_asked_to_stop_stops_before_its_next_batch():
+    """`should_stop` (the app's losses plot, whose client cancelled or left) is asked before every batch: the
+    evaluation stops there with a one-line error instead of forwarding the rest of the split for nobody, and the
+    model is back in training mode."""
+    from codeparrot.training.validation import EvaluationStopped
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=8, vocab_size=32))
+    forwards = []
+    model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    split = [torch.zeros((2, 8), dtype=torch.long)] * 10
+    with pytest.raises(EvaluationStopped, match="^the evaluation was stopped after 2 of its batches"):
+        evaluate(model, split, SimpleNamespace(device=torch.device("cpu"), num_processes=1),
+                 should_stop=lambda: len(forwards) >= 2)
+    assert len(forwards) == 2 and model.training
+    result = evaluate(model, split, SimpleNamespace(device=torch.device("cpu"), num_processes=1),
+                      should_stop=lambda: False)
+    assert result.batches == 10 and len(forwards) == 12
+
+
 def test_padding_rows_are_masked_tokens():
     ids = torch.tensor([[5, 6, 7]])
     padded, labels = pad_rows(ids, 3)

@@ -1,10 +1,11 @@
-"""Which weights a HumanEval run samples, pinned so that its number can be reproduced and a resumed run never mixes
-the samples of two checkpoints: the commit a revision names (`pinned_commit`) and the dtype the weights were loaded
-in (`weights_dtype`). The tokenizer is loaded from the same folder as the model, so the commit pins it too.
+"""Which weights a run samples, pinned so that what it made can be reproduced: the commit a revision names
+(`pinned_commit`) and the dtype the weights were loaded in (`weights_dtype`). The tokenizer is loaded from the same
+folder as the model, so the commit pins it too. HumanEval records both with its samples (and a resumed run never
+mixes the samples of two checkpoints); scripts/generate.py records them in its --output.
 
 A branch name is not enough: a local repository's branch moves as training pushes checkpoints, a Hub branch moves
-with every upload. So the commit is resolved once, before anything loads, every process loads exactly it, and
-the samples' meta and results.json record it.
+with every upload. So the commit is resolved once, before anything loads, the run loads exactly it
+(`loads_as_checked_out` says where the files are loaded in place instead), and records it.
 """
 
 from __future__ import annotations
