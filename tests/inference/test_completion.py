@@ -22,6 +22,16 @@ from codeparrot.repository.model import load_model_and_tokenizer
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def stream_ids(tok, ids: list[int]) -> tuple[list[str], CompletionStreamer]:
+    """The pieces a `CompletionStreamer` writes for `ids` after an EOS prompt, as generate feeds it, and it."""
+    written: list[str] = []
+    streamer = CompletionStreamer(tok, write=written.append)
+    streamer.put(torch.tensor([[tok.eos_token_id]]))  # the prompt
+    for i in ids:
+        streamer.put(torch.tensor([i]))
+    streamer.end()
+    return written, streamer
+
 def test_prompt_is_eos_plus_stripped_prompt(memorized):
     _, tok = memorized
     ids = build_prompt_ids(tok, "\n  def add(a, b):\n\n")
@@ -71,12 +81,7 @@ def test_streamer_holds_back_stop_prefixes_and_split_characters(memorized):
     completion = "\n    s = 'café 😀'\n    return s\nprint(s)\n"
     ids = tok(completion, add_special_tokens=False)["input_ids"]
     assert len(ids) > 10
-    written: list[str] = []
-    streamer = CompletionStreamer(tok, write=written.append)
-    streamer.put(torch.tensor([[tok.eos_token_id]]))  # the prompt
-    for i in ids:
-        streamer.put(torch.tensor([i]))
-    streamer.end()
+    written, streamer = stream_ids(tok, ids)
     assert "".join(written) == "\n    s = 'café 😀'\n    return s"
     assert not any("\ufffd" in w for w in written), "a split UTF-8 character was printed half-decoded"
     # no chunk ever showed the newline that turned out to start "\nprint"
@@ -324,10 +329,5 @@ def test_a_special_token_the_model_emits_stays_in_the_streamed_and_final_complet
     sentinel = tok.convert_tokens_to_ids("<fim_middle>")
     ids = (tok("\n    return a", add_special_tokens=False)["input_ids"] + [sentinel]
            + tok(" + b\n", add_special_tokens=False)["input_ids"])
-    written: list[str] = []
-    streamer = CompletionStreamer(tok, write=written.append)
-    streamer.put(torch.tensor([[tok.eos_token_id]]))  # the prompt
-    for i in ids:
-        streamer.put(torch.tensor([i]))
-    streamer.end()
+    written, streamer = stream_ids(tok, ids)
     assert "".join(written) == streamer.text == "\n    return a<fim_middle> + b\n"
