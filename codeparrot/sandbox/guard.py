@@ -17,8 +17,15 @@ function/code construction, sys.settrace/setprofile/_current_frames/addaudithook
 opening /proc/*/mem. Refused with `contain=True` ("containment"): sockets, fork/exec/spawn/subprocess/
 system, signals to other processes, rlimit changes, writes/removals/renames outside the workspace,
 symlinks/hardlinks, any path under /proc (opened, listed or scanned), non-string paths, sqlite URIs
-(`file:...?mode=rwc` names any file) and, where the guard is the last barrier (`last_barrier`: no
-read-only view), every sqlite connection (SQL's `ATTACH` creates files without any audit event). Paths are
+(`file:...?mode=rwc` names any file), chmod/utime/chown through a descriptor (its file could be any file the
+program may read: as root in guard-only mode, `os.chmod(os.open('/usr/bin/python3', O_RDONLY), 0o4755)`),
+opening or listing the answer key's files (`answer_key`, from answers.survey: by resolved real path, and by
+inode, so a hard link or another mount of them is refused too), opening a block device (as root, the disk
+read raw holds every file) and, where the guard is the last barrier (`last_barrier`: no read-only view),
+every sqlite connection (SQL's `ATTACH` creates files without any audit event) and the import of the
+extension modules whose C functions create, write or remove files by name without one (`UNAUDITED_FILES`:
+readline's history files, POSIX shared memory and named semaphores in /dev/shm, dbm files, Tcl; guard-only
+mode does not preload them, so the import is the only way in). Paths are
 resolved the way the kernel does (symlinks followed, `..` after them, with `os.lstat`/`os.readlink` bound
 before program code runs), so `/dev/fd/../../<pid>/environ` is a /proc path and
 `/dev/fd/../../self/cwd/../../../x` is outside the workspace; a path that passes through /proc on the way
@@ -67,23 +74,36 @@ _PATH_EVENTS = {
     "shutil.copyfile": ((1,), ()), "shutil.copytree": ((1,), ()), "sqlite3.connect": ((0,), ()),
 }
 _FOLDER = 0o040000
+# Events that may name a descriptor instead of a path: ftruncate needs one open for writing, fchdir one of a
+# folder, and the guard lets neither be opened outside the workspace. chmod/utime/chown of a descriptor are
+# refused: one opened read-only may name any file the program can read.
+_BY_DESCRIPTOR = frozenset({"os.truncate", "os.chdir"})
 # A fresh import of posix/_signal would bring back the functions zygote.py removed.
 _NO_IMPORT = frozenset({"_posixsubprocess", "_xxsubinterpreters", "_xxinterpchannels", "posix", "_signal"})
+# Extension modules whose C functions create, write or remove files by name without an audit event
+# (readline.write_history_file, _posixshmem.shm_open, _multiprocessing.SemLock's sem_open, dbm.*.open, Tcl's
+# `open`): refused where the guard is the last barrier (no read-only view), and not preloaded there (zygote.py).
+UNAUDITED_FILES = ("readline", "_posixshmem", "_multiprocessing", "_dbm", "_gdbm", "_tkinter")
 
 
 def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, reporter, failer,
-                  last_barrier: bool = False) -> None:
+                  last_barrier: bool = False, answer_key=((), (), ())) -> None:
     """Read the nonce from `nonce_fd` and install the audit hook. Everything the hook touches is bound to
     a local here, so patching builtins or modules later cannot change what the hook does. `last_barrier`:
     no read-only view holds writes outside the workspace (guard-only mode): also refuse what writes files
-    where the guard cannot see it (sqlite)."""
+    where the guard cannot see it (sqlite, the modules of `UNAUDITED_FILES`). `answer_key`: (folders, files,
+    (st_dev, st_ino) pairs) of the host's answer key (answers.survey), never to be opened or listed."""
     _read, _close, _write, _exit, _getpid = os.read, os.close, os.write, os._exit, os.getpid
     _getcwd, _getframe, _type, _str, _bytes, _int, _len = os.getcwd, sys._getframe, type, str, bytes, int, len
     _lstat, _readlink, _item, _OSError = os.lstat, os.readlink, tuple.__getitem__, OSError  # stat_result is patchable
     _stat = os.stat
     _BaseException = BaseException
     integrity, contain_events, path_events, no_import = _INTEGRITY, _CONTAIN, _PATH_EVENTS, _NO_IMPORT
+    by_descriptor = _BY_DESCRIPTOR
+    unaudited_files = frozenset(UNAUDITED_FILES) if last_barrier else frozenset()
     no_follow, write_flags, folder = _NO_FOLLOW, _WRITE_FLAGS, _FOLDER
+    key_folders, key_files = tuple(_str(f) for f in answer_key[0]), frozenset(_str(f) for f in answer_key[1])
+    key_inodes = frozenset((_int(dev), _int(ino)) for dev, ino in answer_key[2])
     nonce = b""
     while _len(nonce) < 32:
         chunk = _read(nonce_fd, 32 - _len(nonce))
@@ -163,6 +183,23 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
         except _OSError:
             return False
 
+    def secret(real):
+        """Why a program may not read the resolved path `real` ("" when it may): one of the answer key's files
+        or below its folders, by path, or by inode (a hard link to it elsewhere, another mount of its
+        filesystem); or a block device (a disk read raw, as root, holds every file)."""
+        if real in key_files:
+            return "the answer key " + real
+        for f in key_folders:  # a loop, not any(): builtins are the program's to patch
+            if real == f or real.startswith(f + "/"):
+                return "the answer key " + real
+        try:
+            info = _stat(real)
+        except _OSError:
+            return ""
+        if (_item(info, 2), _item(info, 1)) in key_inodes:
+            return "the answer key " + real
+        return "a block device " + real if _item(info, 0) & 0o170000 == 0o060000 else ""
+
     def check(event, args):
         if event in integrity or event.startswith("ctypes."):
             deny(event)
@@ -180,6 +217,9 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
             if contain:
                 if proc:
                     deny("open " + real)
+                why = secret(real)  # fd-relative opens: a descriptor of a folder outside the workspace is refused
+                if why:
+                    deny("open of " + why)
                 relative = not (path.startswith("/") if exact(path, _str) else path.startswith(b"/"))
                 if mode is None and relative and ".." in full.split("/"):  # os.open with an unseen dir_fd
                     deny("os.open of a relative path with ..")
@@ -207,7 +247,7 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
         elif event in contain_events or event.startswith("socket."):
             deny(event)
         elif event == "import":
-            if not exact(args[0], _str) or args[0] in no_import:
+            if not exact(args[0], _str) or args[0] in no_import or args[0] in unaudited_files:
                 deny("import of " + (args[0] if exact(args[0], _str) else "a non-string name"))
         elif event == "os.kill":
             if not exact(args[0], _int) or args[0] != me:
@@ -220,7 +260,7 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
             if full is None:
                 deny(event + " of a non-string path")
             real, proc = resolve(full, True)
-            if proc:
+            if proc or secret(real):
                 deny(event + " " + real)
         elif event in path_events:
             where, dir_fds = path_events[event]
@@ -236,8 +276,11 @@ def install_guard(nonce_fd: int, result_fd: int, workspace: str, contain: bool, 
                         (exact(name, _bytes) and name.startswith(b"file:")):
                     deny("sqlite3.connect of a URI")
             for i in where:
-                if exact(args[i], _int) or (exact(args[i], _str) and event == "sqlite3.connect"
-                                            and args[i] == ":memory:"):
+                if exact(args[i], _int):
+                    if event not in by_descriptor:
+                        deny(event + " of a descriptor")
+                    continue
+                if exact(args[i], _str) and event == "sqlite3.connect" and args[i] == ":memory:":
                     continue
                 full = absolute(args[i])
                 if full is None or not inside(resolve(full, event not in no_follow)[0]):

@@ -14,7 +14,9 @@ host's tree, read-only, with the home folders (the harness's $HOME, the user's h
 covered by an empty tmpfs, so tokens (~/.cache/huggingface/token, ~/.netrc, ~/.ssh) are unreadable even
 by a program that keeps our uid (user-namespace mode). What must stay reachable below them (the
 interpreter's prefix and sys.path when Python lives under $HOME, e.g. pyenv; the workspace) is
-bind-mounted back at its own path from a descriptor opened before the cover went on.
+bind-mounted back at its own path from a descriptor opened before the cover went on. In either view the
+answer key's files (`answers.py`) are covered before `/` is made read-only: none is expected in the minimal
+view; `layers["answer_key"]` says what hides them, or why nothing does (then `refusal`, unless accepted).
 
 Every program gets the seccomp allowlist of `seccomp.py` (`program_filter`); where processes outside the
 program's own are visible and signalable (no PID namespace and no private uid: the guard-only mode), its
@@ -66,6 +68,14 @@ def unshare(flags: int) -> None:
 
 def mount(source, target, fstype, flags: int, data=None) -> None:
     _ok(_libc.mount(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data)), f"mount {target}")
+
+
+def workspace_options(megabytes: int, mode: str) -> str:
+    """tmpfs options of a workspace: `megabytes` of file data and 1,024 inodes per MiB. An empty file or
+    folder takes no page but ~1 KiB of kernel memory (inode + dentry; tmpfs counts each hard link as one
+    more inode), which `size=` alone leaves unbounded (~150 MiB a second of mkdir). So what a workspace
+    pins is about twice `megabytes` at most, with or without a memory cgroup."""
+    return f"size={int(megabytes)}m,nr_inodes={int(megabytes) * 1024},mode={mode}"
 
 
 def umount(target: str, flags: int = 0) -> None:
@@ -240,9 +250,13 @@ def setup(cfg: dict, enter_root=None) -> dict:
               "readonly_root": False, "workspace_tmpfs": False, "pid_namespace": False, "uid": None,
               "hidden_homes": [], "seccomp": False, "ipc_namespace": False, "fresh_proc": False,
               "program_seccomp": False, "spawning": False, "guard": bool(cfg["guard"]), "sys_path": list(sys.path),
-              "proc_options": None,
+              "proc_options": None, "answer_key": {"covered": []},
               "path_map": [], "notes": []}
     root, ws = os.geteuid() == 0, cfg["workspace"]
+    import answers  # here: it imports from this module
+
+    key = cfg.get("answer_key") or answers.survey([], [])
+    mounts = ""  # the mount namespace's layer that hides the answer key, once it does
     uid = int(cfg["uid"]) if root and cfg.get("uid") is not None else None
     if uid is not None and not probe(lambda: (os.setgroups([]), os.setresgid(uid, uid, uid),
                                                os.setresuid(uid, uid, uid))):
@@ -284,7 +298,7 @@ def setup(cfg: dict, enter_root=None) -> dict:
                 else:
                     try:  # noexec: nothing a program writes there can be mapped to run
                         mount("tmpfs", ws, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                              f"size={int(cfg['workspace_mb'])}m,mode=0711")
+                              workspace_options(cfg["workspace_mb"], "0711"))
                         layers["workspace_tmpfs"] = True
                     except OSError:
                         mount(ws, ws, None, MS_BIND)  # the workspace as its own mount, so it can stay writable
@@ -293,6 +307,16 @@ def setup(cfg: dict, enter_root=None) -> dict:
                         layers["hidden_homes"] = _hide_homes(cfg.get("hide", []), keep)
                     except OSError as err:
                         layers["notes"].append(f"home folders not hidden ({err})")
+                try:  # before `/` is made read-only (the covers with it); answers.py
+                    covered = answers.cover(key, view["folders"] if view is not None else None)
+                    left = answers.still_readable(key)
+                    layers["answer_key"]["covered"] = covered
+                    if left:
+                        layers["notes"].append(f"answer key still readable under its mount cover: {', '.join(left)}")
+                    else:
+                        mounts = "minimal view" if view is not None else "mounts"
+                except OSError as err:
+                    layers["notes"].append(f"answer key not covered ({err})")
                 # The private uid may still be unable to read a stdlib outside the home folders (a 0700 parent).
                 if stdlib_unreadable and not _can_read_stdlib(uid):
                     for source, target in _stdlib_binds(ws):
@@ -315,7 +339,14 @@ def setup(cfg: dict, enter_root=None) -> dict:
     layers["sys_path"] = [p for p in layers["sys_path"] if os.path.isdir(p)]
     # Always, whatever else is active: no new user namespace, and no process spawning unless allowed.
     layers["program_seccomp"] = _program_filter_works()
-    layers["spawning"] = bool(cfg.get("allow_processes"))
+    # Spawning needs the read-only view (seccomp.build: `spawning` needs `exec_files`): there everything a
+    # spawned process can exec or map is the interpreter's own (every writable mount is noexec). Without it
+    # (guard-only mode) a binary or library the program wrote could run, and `_posixsubprocess.fork_exec`
+    # spawns without an audit event: the guard, the last barrier there, would never see the process.
+    layers["spawning"] = bool(cfg.get("allow_processes")) and layers["readonly_root"]
+    if cfg.get("allow_processes") and not layers["spawning"]:
+        layers["notes"].append("allow_processes refused: no read-only filesystem view, so a spawned process could "
+                               "run what the program wrote, outside the guard")
     if not layers["program_seccomp"]:
         layers["notes"].append("no seccomp filter for programs: user namespaces and spawning not refused by the kernel")
     if layers["pid_namespace"]:
@@ -331,6 +362,21 @@ def setup(cfg: dict, enter_root=None) -> dict:
         layers["seccomp"] = _seccomp_works()
         if not layers["seccomp"]:
             layers["notes"].append("no seccomp filter: only the guard stops signals to other processes")
+    # Covers count when a program cannot get past them: a root program (allow_root) could unmount them without
+    # the allowlist, and in the host's tree read the disk's block device.
+    undone = root and uid is None and (mounts == "mounts" or not layers["program_seccomp"])
+    # The guard alone hides them only where no code it cannot see runs: no process spawned outside it, and no
+    # native code but the interpreter's own, loaded before the fork (guard-only mode: no executable mapping at
+    # all). In the host's tree a program may load any extension module there (pyarrow's CSV and JSON readers
+    # open files by name without an audit event).
+    blind = ("the audit-hook guard is off" if not cfg["guard"] else
+             "allow_processes runs processes outside the audit-hook guard" if layers["spawning"] else
+             "the audit-hook guard does not see what native code of the host's tree opens" if layers["readonly_root"]
+             else "no seccomp allowlist keeps native code the audit-hook guard cannot see from running"
+             if not layers["program_seccomp"] else "")
+    layers["answer_key"].update(answers.verdict(key, "" if undone else mounts, bool(cfg["guard"]), blind))
+    if layers["answer_key"]["reachable"]:
+        layers["notes"].append(f"answer key readable by programs: {layers['answer_key']['reachable']}")
     return layers
 
 
@@ -338,7 +384,7 @@ def refusal(cfg: dict, layers: dict) -> str:
     """Why these layers are not enough to run anything ("" when they are). Root without the private uid
     could undo every namespace and kill every process on the machine, and without namespaces and a private
     uid the audit-hook guard (advisory: it sees only what CPython announces) is the last barrier: neither
-    without an explicit opt-in."""
+    without an explicit opt-in; nor where programs could read the answer key (answers.py)."""
     notes = "; ".join(layers["notes"])
     if os.geteuid() == 0 and layers["uid"] is None and not cfg.get("allow_root"):
         return ("programs would run as root (" + (notes or "drop_privileges is off") + "); fix that, or "
@@ -350,4 +396,8 @@ def refusal(cfg: dict, layers: dict) -> str:
         return ("no namespaces and no private uid (" + (notes or "namespaces off") + "): the audit-hook guard "
                 "would be the last barrier, and it is advisory; fix that, or accept it with "
                 "SandboxConfig(allow_guard_only=True) or CODEPARROT_SANDBOX_ALLOW_GUARD_ONLY=1")
+    if layers["answer_key"]["reachable"] and not cfg.get("allow_reachable_answers"):
+        return (f"programs could read the answer key ({layers['answer_key']['reachable']}); fix that (the minimal "
+                "view holds none of it), or accept it with SandboxConfig(allow_reachable_answers=True) or "
+                "CODEPARROT_SANDBOX_ALLOW_REACHABLE_ANSWERS=1: the results then say so")
     return ""

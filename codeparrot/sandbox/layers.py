@@ -39,4 +39,10 @@ def describe_layers(layers: dict) -> str:
     if layers.get("seccomp"):
         parts.append("seccomp: no signals to other processes")
     parts.append("audit-hook guard" if layers.get("guard") else "audit hook: verdict integrity only")
+    key = layers.get("answer_key") or {}
+    if key.get("reachable"):
+        parts.append(f"ANSWER KEY READABLE BY PROGRAMS ({key['reachable']})")
+    elif key.get("paths"):
+        count, by = len(key["paths"]), " and the ".join(key["hidden_by"])
+        parts.append(f"answer key ({count} host path{'s' * (count != 1)}) hidden by the {by}")
     return "; ".join(parts)

@@ -31,7 +31,19 @@ import re
 import stat
 import sys
 
-from kernel import MNT_DETACH, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC, mount, pivot_root, set_readonly, umount
+from kernel import (
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_REC,
+    mount,
+    pivot_root,
+    set_readonly,
+    umount,
+    workspace_options,
+)
 
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 DEVICE_LINKS = {"/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0", "/dev/stdout": "/proc/self/fd/1",
@@ -218,7 +230,7 @@ def enter_minimal_root(workspace: str, workspace_mb: int) -> dict:
         mount("/proc", root + "/proc", None, MS_BIND | MS_REC)
         os.makedirs(root + workspace, 0o755)
         mount("tmpfs", root + workspace, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              f"size={int(workspace_mb)}m,mode=0711")
+              workspace_options(workspace_mb, "0711"))
         os.chdir(root)
         # pivot_root(2)'s own recipe: the old root ends up stacked on `.`, then detached with all below it.
         pivot_root(".", ".")

