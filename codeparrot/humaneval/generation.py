@@ -41,7 +41,7 @@ from codeparrot.humaneval.problems import check_complete, merge_samples, part_fi
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
 from codeparrot.inference.decoding import checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
-from codeparrot.repository.provenance import loads_as_checked_out, pinned_commit, weights_dtype
+from codeparrot.repository.provenance import load_revision, pinned_commit, weights_dtype
 
 SampleKey = tuple[str, float, int]  # (task_id, temperature, sample_index)
 
@@ -228,9 +228,10 @@ def is_infilling(config: HumanEvalConfig) -> bool:
     return config.benchmark != "humaneval"
 
 
-def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> dict | None:
+def _check_meta(meta_file: Path, meta: dict, samples_file: Path, revision: str | None) -> dict | None:
     """A one-line error when the samples there were made with other settings (or with unknown ones); else the
-    recorded meta (None when there is none yet)."""
+    recorded meta (None when there is none yet). `revision`: the one asked for, which a meta written before Hub
+    and clone commits were pinned recorded instead of a commit."""
     if not meta_file.exists():
         existing = ([samples_file] if samples_file.exists() else []) + part_files(samples_file)
         if any(path.read_bytes().strip() for path in existing):
@@ -243,7 +244,10 @@ def _check_meta(meta_file: Path, meta: dict, samples_file: Path) -> dict | None:
         raise CodeParrotError(f"{meta_file}: unreadable ({err}); remove it to start the samples afresh") from None
     if not isinstance(old, dict):
         raise CodeParrotError(f"{meta_file}: not a JSON object; remove it to start the samples afresh")
-    diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items() if old.get(k) != v]
+    expected = meta
+    if "commit" in meta and "commit" not in old and "revision" in old:  # that run pinned nothing: as it compared
+        expected = {**{k: v for k, v in meta.items() if k != "commit"}, "revision": revision}
+    diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in expected.items() if old.get(k) != v]
     if diff:
         raise CodeParrotError(f"{samples_file} holds samples made with other settings ({'; '.join(diff)}); "
                               f"they are recorded in {meta_file}; use the same settings to resume, another "
@@ -279,12 +283,12 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     # same files before any collective: all fail together, none hangs.
     commit = pinned_commit(config.model, config.revision)  # local repository or Hub: resolved before anything loads
     meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1), commit)
-    old = _check_meta(meta_file, meta, samples_file)
+    old = _check_meta(meta_file, meta, samples_file, config.revision)
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     if world != meta["num_processes"]:  # launched some other way than through WORLD_SIZE: record the truth
         meta["num_processes"] = world
-        _check_meta(meta_file, meta, samples_file)
+        _check_meta(meta_file, meta, samples_file, config.revision)
     commits = sorted(set(gather_object([commit])), key=str)  # every process must sample the same checkpoint
     if len(commits) > 1:
         raise CodeParrotError(f"{config.model}: revision {config.revision or 'main'} moved while the processes "
@@ -295,10 +299,9 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     done: set[SampleKey] = set()
     for path in ([samples_file] if samples_file.exists() else []) + part_files(samples_file):
         done.update(sample_key(r) for r in read_samples(path, duplicates="first") if r.get("temperature") is not None)
-    as_is = loads_as_checked_out(config.model, config.revision)
-    load_revision = config.revision if as_is else commit or config.revision
     with accelerator.main_process_first():  # rank 0 materializes a repository revision once, then all load it
-        model, tokenizer = load_model_and_tokenizer(config.model, load_revision, device=str(accelerator.device))
+        model, tokenizer = load_model_and_tokenizer(config.model, load_revision(config.model, config.revision, commit),
+                                                    device=str(accelerator.device))
     # Every process checks the same values (the old meta was read before rank 0 could rewrite it): all fail together.
     meta["dtype"] = dtype = _check_dtype(old, gather_object([weights_dtype(model)]), config.model, samples_file)
     if accelerator.is_main_process:

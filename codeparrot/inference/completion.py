@@ -37,7 +37,7 @@ from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, tru
 from codeparrot.inference.config import GenerateConfig, check_sampling
 from codeparrot.inference.decoding import DECODE_KWARGS, checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
-from codeparrot.repository.provenance import loads_as_checked_out, pinned_commit, weights_dtype
+from codeparrot.repository.provenance import load_revision, pinned_commit, weights_dtype
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -314,8 +314,7 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
     # The commit the revision names now is the one loaded and recorded: a branch moves as training pushes
     # checkpoints, and a saved generation must name the weights that made it (as HumanEval's samples do).
     commit = pinned_commit(cfg.model, cfg.revision)
-    load_revision = cfg.revision if loads_as_checked_out(cfg.model, cfg.revision) else commit or cfg.revision
-    model, tokenizer = load_model_and_tokenizer(cfg.model, load_revision, cfg.device)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, load_revision(cfg.model, cfg.revision, commit), cfg.device)
     if note := checkpoint_note(model, tokenizer.eos_token_id):
         print(note, file=sys.stderr)
     infill = suffix is not None

@@ -5,7 +5,7 @@ mixes the samples of two checkpoints); scripts/generate.py records them in its -
 
 A branch name is not enough: a local repository's branch moves as training pushes checkpoints, a Hub branch moves
 with every upload. So the commit is resolved once, before anything loads, the run loads exactly it
-(`loads_as_checked_out` says where the files are loaded in place instead), and records it.
+(`load_revision` says what is loaded), and records it.
 """
 
 from __future__ import annotations
@@ -38,19 +38,20 @@ def pinned_commit(model: str, revision: str | None, api: Any = None) -> str | No
     return LocalGitRepository(path).resolve_revision(revision or "main")
 
 
-def loads_as_checked_out(model: str, revision: str | None) -> bool:
-    """Whether `model` is a worktree used as checked out (no --revision): it is loaded in place even where its
-    commit is pinned (its files are that commit's), not copied out of the repository into the cache."""
-    if revision is not None or is_hub_ref(model):
-        return False
-    return (Path(strip_scheme(model)).expanduser() / ".git").exists()
+def load_revision(model: str, revision: str | None, commit: str | None) -> str | None:
+    """What to load for `model` at `revision`, whose files `commit` (`pinned_commit`) names: that commit, so every
+    process loads the weights recorded even after the branch moves; except a worktree used as checked out (no
+    --revision), loaded in place (its files are that commit's), not copied out of the repository into the cache."""
+    in_place = revision is None and not is_hub_ref(model) and (Path(strip_scheme(model)).expanduser() / ".git").exists()
+    return revision if in_place else commit or revision
 
 
 def hub_commit(repo_id: str, revision: str | None, api: Any = None) -> str | None:
     """The commit `revision` (default main) of the Hub repository `repo_id` names: a full commit id as given; online,
-    what the Hub answers (one request, without downloading anything); offline (HF_HUB_OFFLINE=1), the commit the
-    local Hub cache records for the revision, which is what loading will use, or None when it has no record."""
-    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    what the Hub answers (one request, without downloading anything); offline (HF_HUB_OFFLINE=1), or online with
+    the Hub out of reach, the commit the local Hub cache records for the revision, which is what loading will use
+    then too (None offline when it has no record)."""
+    from huggingface_hub import HfApi, constants, errors
 
     from codeparrot.repository.hub import hub_error
 
@@ -58,14 +59,25 @@ def hub_commit(repo_id: str, revision: str | None, api: Any = None) -> str | Non
     if FULL_COMMIT.fullmatch(revision):
         return revision
     if constants.HF_HUB_OFFLINE:
-        # The cache's snapshots are folders named by commit; config.json is in every model snapshot.
-        cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
-        return Path(cached).parent.name if isinstance(cached, str) else None
+        return _cached_commit(repo_id, revision)
     try:
         sha = (api or HfApi()).model_info(repo_id, revision=revision).sha
     except Exception as err:  # HTTP, network, unknown repository or revision: a one-line error naming them
-        raise hub_error(err, "resolving", repo_id, revision) from None
+        # no answer at all (no network, a timeout): loading falls back to the cache, so the pin does too
+        cached = None if isinstance(err, errors.HfHubHTTPError) else _cached_commit(repo_id, revision)
+        if cached is None:
+            raise hub_error(err, "resolving", repo_id, revision) from None
+        return cached
     return sha if isinstance(sha, str) and FULL_COMMIT.fullmatch(sha) else None
+
+
+def _cached_commit(repo_id: str, revision: str) -> str | None:
+    """The commit the local Hub cache records for `revision` (its snapshots are folders named by commit;
+    config.json is in every model snapshot), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return Path(cached).parent.name if isinstance(cached, str) else None
 
 
 def worktree_commit(path: Path) -> str | None:

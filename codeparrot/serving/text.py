@@ -6,10 +6,12 @@ recent ids twice, with and without the newest ones, and emits the difference onc
 character still incomplete). The emitted pieces join up to the decoded text of all ids; `full_text()` is that
 decode, done once at the end. Decoding is the Rust tokenizer's own `decode` (what transformers' `decode` calls, minus
 its Python layers: several times faster, and this runs twice per token), exact as scripts/generate.py's
-(`DECODE_KWARGS`: no clean-up of spaces before punctuation). A generated sequence's decoder keeps special tokens as
-their text, as generate.py does (`codeparrot.inference.decoding`): the ids that end a sequence (EOS, the FIM
-sentinels) never reach it, so one it meets is a token the model wrote inside its text, and dropping it would glue
-the text around it. The prompt's decoder skips them (its leading EOS is no text of the prompt).
+(`DECODE_KWARGS`: no clean-up of spaces before punctuation). The ids that end a sequence never reach a generated
+sequence's decoder; any other special token does, and is kept as its text, as generate.py keeps it
+(`codeparrot.inference.decoding`): dropping it would glue the text around it. The server ends every sequence at EOS
+and at the FIM sentinels (serving/server.py), so with CodeParrot's tokenizers no special token is left to keep,
+while generate.py and HumanEval end a left-to-right completion at EOS only and show a sentinel the model wrote as
+its text. The prompt's decoder skips special tokens (its leading EOS is no text of the prompt).
 
 Stop strings are looked for in the text, not in ids (a stop string can span several tokens and a token can hold
 more than a stop string), and only in the part the newest token could have completed. Where the stop string ends up

@@ -399,6 +399,14 @@ def test_a_hub_model_is_pinned_to_its_commit_and_dtype(tiny_model, tmp_path, mon
     meta_file.write_text(json.dumps(meta))
     run(_config(**{**base, "revision": COMMIT}))  # resumes: nothing left to sample
     assert len(read_samples(samples)) == 1
+    # samples made before Hub commits were pinned recorded the revision as asked: they resume with it, and go on
+    # pinned; another revision is refused as it was
+    old = {k: v for k, v in meta.items() if k not in ("commit", "dtype")}
+    meta_file.write_text(json.dumps({**old, "revision": None}))
+    with pytest.raises(CodeParrotError, match=r"revision: None there, 'main' now"):
+        run(_config(**{**base, "revision": "main"}))
+    run(_config(**base))
+    assert json.loads(meta_file.read_text())["commit"] == later and len(read_samples(samples)) == 1
 
 
 def test_prompts_too_long_for_the_context_are_refused_before_generating(tiny_model, problems, tmp_path):

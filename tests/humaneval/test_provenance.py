@@ -59,6 +59,16 @@ def test_a_hub_revision_is_pinned_to_its_commit_offline_and_online(tmp_path, mon
     with pytest.raises(CodeParrotError, match=r"^revision 'gone' not found in Hub repository user/m$"):
         pinned_commit("user/m", "gone", api=Api())
 
+    class Unreachable:  # online, no answer (no network, a timeout): loading falls back to the cache, so does the pin
+        def model_info(self, repo_id, revision):
+            from httpx2 import ConnectError
+
+            raise ConnectError("[Errno 101] Network is unreachable")
+
+    assert pinned_commit("user/m", "exp-1", api=Unreachable()) == "f" * 40
+    with pytest.raises(CodeParrotError, match=r"^resolving user/other@main failed: ConnectError"):
+        pinned_commit("user/other", None, api=Unreachable())  # nothing cached: loading would fail too
+
 
 def _git(path, *args):
     subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
