@@ -21,7 +21,6 @@ optionally commit to a checkpoint repository.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import sys
@@ -38,7 +37,7 @@ from codeparrot.config import REQUIRED, doc
 from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
 from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.fim.tokens import FIM_TOKENS
-from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.base import CheckpointRepository, is_hub_ref, main_state, strip_scheme
 from codeparrot.repository.local import LocalGitRepository
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 
@@ -262,14 +261,32 @@ def _valid_files(cfg: TokenizerTrainingConfig) -> list[Path] | None:
     return None
 
 
-def _check_no_initial_model(repo: CheckpointRepository, ref: str, out: Path) -> None:
+def _check_no_initial_model(repo: CheckpointRepository, ref: str, out: Path) -> str | None:
     """Refuse to commit a tokenizer to a repository whose main holds the initial model: a commit replaces the
-    branch's whole tree, so main would keep the tokenizer alone (the weights gone, a new initialization refused)."""
-    if any(b.name == "main" for b in repo.list_branches()) and any(
-            c.message == INITIAL_MESSAGE for c in repo.list_commits("main")):
+    branch's whole tree, so main would keep the tokenizer alone (the weights gone, a new initialization refused).
+    Returns main's head (None: no main yet), the parent a Hub commit of the tokenizer must have."""
+    head, initialized = main_state(repo)
+    if initialized:
         raise CodeParrotError(f"{ref} already has an initial model on main: committing the tokenizer there would "
                               f"replace the model (to pair a new tokenizer with a new model: initialize_model.py "
                               f"--force --tokenizer {out} --repo {ref})")
+    return head
+
+
+def _commit_tokenizer(repo: CheckpointRepository, ref: str, out: Path, message: str) -> str:
+    """Commit the tokenizer folder `out` to main, never over an initial model: checked under a local repository's
+    writer lock, and on the Hub (no lock) committed only on top of the head just checked, so a model initialized
+    meanwhile makes the commit fail, and the check again then says so."""
+    if isinstance(repo, LocalGitRepository):
+        with repo.locked():
+            _check_no_initial_model(repo, ref, out)
+            return repo.commit_folder(out, "main", message)
+    parent = _check_no_initial_model(repo, ref, out)
+    try:
+        return repo.commit_folder(out, "main", message, parent=parent)
+    except CodeParrotError:
+        _check_no_initial_model(repo, ref, out)  # an initial model got in: that refusal, not the Hub's error
+        raise
 
 
 def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
@@ -325,9 +342,7 @@ def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     if cfg.repo:
         repo = open_repository(cfg.repo, create=True)
         measured = "" if bpt is None else f", {bpt:.2f} bytes/token"
-        # checked again, under a local repository's writer lock: a model may have been initialized meanwhile
-        with repo.locked() if isinstance(repo, LocalGitRepository) else contextlib.nullcontext():
-            _check_no_initial_model(repo, cfg.repo, out)
-            commit = repo.commit_folder(out, "main", f"tokenizer (vocab {len(tokenizer)}{measured})")
+        # checked again: a model may have been initialized meanwhile
+        commit = _commit_tokenizer(repo, cfg.repo, out, f"tokenizer (vocab {len(tokenizer)}{measured})")
         print(f"committed to {cfg.repo} main: {commit[:12]}")
     return stats

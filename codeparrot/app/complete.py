@@ -12,7 +12,7 @@ import time
 from contextlib import closing
 from typing import Callable, TypeVar
 
-from codeparrot.app.background import in_background
+from codeparrot.app.background import HEARTBEAT, in_background
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.whole_number import whole_number
 from codeparrot.app.workspace import Workspace, guarded
@@ -22,6 +22,7 @@ from codeparrot.repository.model import model_context
 
 EXAMPLE_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 _GENERATION_LOCK = threading.Lock()  # torch's global RNG: a seeded request must not interleave with another
+_LOCK_POLL_S = 0.05  # how often a generation waiting for the lock checks whether its request was cancelled
 T = TypeVar("T")
 
 
@@ -41,13 +42,24 @@ def new_tokens(max_new_tokens) -> int:
     return whole_number(max_new_tokens, "max new tokens", within=(1, None))
 
 
-def exclusively(generate: Callable[[], T]) -> T:
+def exclusively(generate: Callable[[], T], cancelled: threading.Event | None = None) -> T:
     """`generate()` under the generation lock. Every generation of the app (any tab, all through
     `stream_generation`) goes through here: Gradio runs different events at the same time, and
     `generate_completions` seeds torch's global RNG, so a seeded generation beside another one would not be
-    reproducible."""
-    with _GENERATION_LOCK:
+    reproducible.
+
+    Once `cancelled` is set (its request was cancelled while queued behind another generation), it stops waiting
+    for the lock and raises `GenerationCancelled` without generating: left waiting, it would take the lock after
+    the other generation and run its first forward pass (and seed the RNG) for nobody."""
+    while not _GENERATION_LOCK.acquire(timeout=_LOCK_POLL_S):
+        if cancelled is not None and cancelled.is_set():
+            raise GenerationCancelled("cancelled while waiting for another generation to end")
+    try:
+        if cancelled is not None and cancelled.is_set():  # cancelled as the lock came free
+            raise GenerationCancelled("cancelled while waiting for another generation to end")
         return generate()
+    finally:
+        _GENERATION_LOCK.release()
 
 
 def seed_or_none(seed: float | None) -> int | None:
@@ -83,14 +95,18 @@ def stream_generation(tokenizer, generate: Callable[[CompletionStreamer], list],
     returned). An error in the thread is raised here, in the request's thread. `stops`: the streamer's
     `stop_strings` / `stop_ids`.
 
-    Closing this generator early stops the generation at its next token (`in_background`): Gradio closes a
-    streaming handler's generator when its client cancels or disconnects, and a generation left running would
-    hold the lock, so everyone queued behind it, until max_new_tokens, for nobody. A piece comes with every
-    token or two, so no heartbeat is needed for the generator to be closable."""
+    Between pieces it also yields `(HEARTBEAT, None)` (`in_background`) whenever none came for a while: waiting
+    for the lock behind another tab's generation, or for a slow first token. Its consumer adds nothing for it but
+    yields what it shows, unchanged, so that the handler Gradio iterates stays closable there too.
+
+    Closing this generator early stops the generation at its next token (`in_background`), or before it starts
+    if it still waits for the lock: Gradio closes a streaming handler's generator when its client cancels or
+    disconnects, and a generation left running would hold the lock, so everyone queued behind it, until
+    max_new_tokens, for nobody."""
 
     def work(cancelled: threading.Event, write: Callable[[str], None]) -> list:
         streamer = _CancellableStreamer(tokenizer, cancelled, write=write, **stops)
-        return exclusively(lambda: generate(streamer))
+        return exclusively(lambda: generate(streamer), cancelled)
 
     return in_background(work, name)
 
@@ -127,7 +143,7 @@ def stream_completion(ws: Workspace, prompt: str, branch: str, checkpoint: str, 
                 top_p=float(top_p), seed=seed, streamer=streamer), name="codeparrot-complete")) as stream:
         for piece, completions in stream:
             if completions is None:
-                text += piece
+                text += "" if piece is HEARTBEAT else piece  # a heartbeat: yield the same, to stay closable
                 yield text, f"generating with {label} …"
     done = completions[0]
     yield prompt + done.text, (f"{label} · {done.num_tokens} tokens in {time.perf_counter() - start:.1f} s · ended by "

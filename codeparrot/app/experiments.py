@@ -13,7 +13,7 @@ from contextlib import closing
 from typing import Callable
 
 from codeparrot.app.access import MAX_EVAL_STEPS
-from codeparrot.app.background import in_background
+from codeparrot.app.background import HEARTBEAT, in_background
 from codeparrot.app.complete import EXAMPLE_PROMPT, fit_to_context, new_tokens, stream_generation
 from codeparrot.app.losses import computed_losses, logged_losses
 from codeparrot.app.pickers import branch_names, revision_picker
@@ -80,20 +80,23 @@ def stream_losses(ws: Workspace, branches: list[str] | str | None, dataset: str 
     """`losses_plot` for a request that streams: yields (None, what it is doing) until the plot is ready, then
     (PNG path, status). Computing the losses can take long (up to MAX_EVAL_STEPS batches per checkpoint of
     every branch): it runs on a thread (`in_background`) that a client who cancels or leaves stops before its
-    next batch, and this generator yields at least every half second so that Gradio can close it at all."""
+    next batch, and this generator yields at every report and heartbeat (`in_background`) so that Gradio can
+    close it at all; a heartbeat shows the last thing reported with the time so far."""
     start = time.perf_counter()
+    what = "plotting"  # what the status line says until the first report
 
     def work(stop, report) -> tuple[str, str]:
-        report((0.0, "plotting"))  # at once: the heartbeat repeats the last report, and there must be one
+        report((0.0, "plotting"))  # at once: the progress bar shows that it started
         return losses_plot(ws, branches, dataset, max_eval_steps, lambda f, desc="": report((f, desc)),
                            should_stop=stop.is_set)
 
-    with closing(in_background(work, "codeparrot-losses", heartbeat=0.5)) as stream:
+    with closing(in_background(work, "codeparrot-losses")) as stream:
         for update, plotted in stream:
             if plotted is None:
-                fraction, what = update
-                if progress is not None:
-                    progress(fraction, desc=what)
+                if update is not HEARTBEAT:
+                    fraction, what = update
+                    if progress is not None:
+                        progress(fraction, desc=what)
                 yield None, f"{what} … {time.perf_counter() - start:.0f} s"
     yield plotted
 
@@ -119,7 +122,7 @@ def compare(ws: Workspace, prompt: str, branch_a: str, ckpt_a: str, branch_b: st
                     streamer=streamer), name="codeparrot-compare")) as stream:
             for piece, completions in stream:
                 if completions is None:
-                    outs[side] += piece
+                    outs[side] += "" if piece is HEARTBEAT else piece  # a heartbeat: yield the same (closable)
                     yield outs[0], outs[1], f"generating with {label} …"
         done = completions[0]
         outs[side] = prompt + done.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from contextlib import closing
 
+from codeparrot.app.background import HEARTBEAT
 from codeparrot.app.complete import new_tokens, sampling_controls, seed_or_none, stream_generation
 from codeparrot.app.pickers import revision_picker
 from codeparrot.app.workspace import Workspace, guarded
@@ -57,7 +58,7 @@ def stream_infill(ws: Workspace, before: str, after: str, branch: str, checkpoin
             name="codeparrot-infill", stop_strings=stop_strings, stop_ids=stop_ids)) as stream:
         for piece, completions in stream:
             if completions is None:
-                middle += piece
+                middle += "" if piece is HEARTBEAT else piece  # a heartbeat: yield the same, to stay closable
                 yield before + middle + after, middle, f"filling in with {label} …"
     done = completions[0]
     yield before + done.text + after, done.text, (f"{label} · middle of {done.num_tokens} tokens in "

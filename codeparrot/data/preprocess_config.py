@@ -148,8 +148,9 @@ class PreprocessConfig:
             raise CodeParrotError(f"--ray-clustering must be driver or distributed, got {self.ray_clustering!r}")
         if self.ray_clustering == "distributed" and self.engine != "ray":
             raise CodeParrotError("--ray-clustering distributed needs --engine ray")
-        if self.max_record_bytes < 1:
-            raise CodeParrotError(f"max_record_bytes must be >= 1, got {self.max_record_bytes}")
+        if not 1 <= self.max_record_bytes <= MAX_RECORD_BYTES:  # training and pretokenize refuse longer lines
+            raise CodeParrotError(f"max_record_bytes must be from 1 to {MAX_RECORD_BYTES:,} (what training reads), "
+                                  f"got {self.max_record_bytes}")
         if self.ray_block_records < 1:
             raise CodeParrotError(f"ray_block_records must be >= 1, got {self.ray_block_records}")
         self.filters.validate()

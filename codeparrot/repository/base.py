@@ -236,3 +236,11 @@ def strip_scheme(ref: str) -> str:
         if ref.startswith(scheme):
             return ref[len(scheme):]
     return ref
+
+
+def main_state(repo: CheckpointRepository) -> tuple[str | None, bool]:
+    """(the commit `main` points at, None without a `main`; whether main's history holds an initial model)."""
+    if not any(b.name == "main" for b in repo.list_branches()):
+        return None, False
+    commits = repo.list_commits("main")
+    return (commits[0].commit_id if commits else None), any(c.message == INITIAL_MESSAGE for c in commits)

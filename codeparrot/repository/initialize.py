@@ -22,7 +22,7 @@ import yaml
 
 from codeparrot.config import REQUIRED, doc, to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.base import INITIAL_MESSAGE, CheckpointRepository, is_hub_ref, main_state, strip_scheme
 from codeparrot.repository.hub import HubRepository
 from codeparrot.repository.local import LocalGitRepository
 from codeparrot.repository.model import (
@@ -62,12 +62,10 @@ class InitializeConfig:
 def check_no_initial_model(repo: CheckpointRepository, ref: str, force: bool) -> str | None:
     """Refuse a second "initial model" on `main` unless `force` (a new commit on top then). Returns the commit
     `main` points at (None: no `main` yet), the parent a Hub commit of the initial model must have."""
-    if not any(b.name == "main" for b in repo.list_branches()):
-        return None
-    commits = repo.list_commits("main")
-    if not force and any(c.message == INITIAL_MESSAGE for c in commits):
+    head, initialized = main_state(repo)
+    if initialized and not force:
         raise CodeParrotError(f"{ref} already has an initial model on main (--force adds another)")
-    return commits[0].commit_id if commits else None
+    return head
 
 
 def _commit_to_hub(repo: HubRepository, folder: str, ref: str, force: bool) -> str:

@@ -164,18 +164,26 @@ def build_model(config, seed: int | None = None):
     return model
 
 
-def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
-    """`GPT2LMHeadModel.from_pretrained` on a model folder, a local checkpoint repository or a Hub id, with the
-    attention implementation the preset chose (saved as `codeparrot_attn_implementation` in config.json).
-    Extra keyword arguments (e.g. `dtype`) go to `from_pretrained`."""
-    folder = resolve_model_dir(ref, revision)
+def read_model_config(folder: Path) -> dict:
+    """The model folder's config.json as a dict (before any weights load), or a one-line error naming it."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CodeParrotError(f"{folder} holds no model (no config.json)")
     try:
         saved = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:
         raise CodeParrotError(f"{config_file}: unreadable model config: {err}") from None
+    if not isinstance(saved, dict):
+        raise CodeParrotError(f"{config_file}: not a JSON object")
+    return saved
+
+
+def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
+    """`GPT2LMHeadModel.from_pretrained` on a model folder, a local checkpoint repository or a Hub id, with the
+    attention implementation the preset chose (saved as `codeparrot_attn_implementation` in config.json).
+    Extra keyword arguments (e.g. `dtype`) go to `from_pretrained`."""
+    folder = resolve_model_dir(ref, revision)
+    saved = read_model_config(folder)
     kwargs.setdefault("attn_implementation", saved.get("codeparrot_attn_implementation", "sdpa"))
     try:
         with quiet_transformers_bars():

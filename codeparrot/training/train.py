@@ -325,6 +325,10 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         result.push_errors = pusher.wait()
         for error in result.push_errors:
             warnings.warn(error)
+        if pusher.superseded:  # each was logged when dropped; the run's end says it once more, where users look
+            print(f"not pushed, newer checkpoints went first (the repository was slower than the saves): "
+                  f"{', '.join(pusher.superseded)}; their checkpoints stay local while keep_last keeps them",
+                  file=sys.stderr)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     result.step, result.tokens_seen, result.stopped_by_signal = step, tokens_seen, preempted

@@ -31,7 +31,7 @@ from accelerate import Accelerator, PartialState
 from codeparrot.atomic_io import atomic_write_json, ensure_writable_dir
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.metrics import describe_eval
-from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model
+from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model, read_model_config
 from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.config import ValidationLossConfig
@@ -199,14 +199,8 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     with accelerator.local_main_process_first():  # materialize a repository revision once per node
         model_dir = resolve_model_dir(model_ref, revision)
         tokenizer = load_tokenizer(tokenizer_ref or str(model_dir))
-    config_file = model_dir / "config.json"  # the model's config only: the data is checked before the weights load
-    if not config_file.is_file():
-        raise CodeParrotError(f"{model_dir} holds no model (no config.json)")
-    try:
-        model_config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise CodeParrotError(f"{config_file}: unreadable model config: {err}") from None
-    seq_length = seq_length or model_config["n_positions"]
+    model_config = read_model_config(model_dir)  # the config only: the data is checked before the weights load
+    seq_length = seq_length or model_config.get("n_positions") or model_config.get("max_position_embeddings", 1024)
     check_model_tokenizer(model_config, tokenizer, str(tokenizer_ref or model_dir), seq_length=seq_length)
     data = build_dataset(dataset, tokenizer, seq_length, rank=accelerator.process_index,
                          world_size=accelerator.num_processes, infinite=False, shuffle=False, text_column=text_column)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +139,30 @@ def test_a_client_that_disconnects_stops_its_generation(served, endless):
     events.close()
     assert stopped.wait(3), "the generation went on after its client disconnected"
     assert _slot_is_free()
+
+
+def test_a_completion_cancelled_while_queued_for_the_generation_lock_never_generates(client, monkeypatch):
+    """A /complete cancelled while another tab's generation holds the lock is closed at once (Gradio used to retry
+    closing it for 60 s under the app's lock, stalling every other cancel) and never generates afterwards."""
+    from codeparrot.app import background, complete
+
+    generated = []
+    monkeypatch.setattr(background, "HEARTBEAT_S", 0.05, raising=False)  # (the old code had none)
+    monkeypatch.setattr(complete, "generate_completions", lambda *args, **kwargs: generated.append(1) or [])
+    assert complete._GENERATION_LOCK.acquire(timeout=2)  # another tab's generation
+    try:
+        job = client.submit(SIGNATURE, "exp", "latest", 0.0, 0.95, 40, 0, api_name="/complete")
+        deadline = time.monotonic() + 30
+        while not job.outputs() and time.monotonic() < deadline:  # heartbeats while it waits for the lock
+            time.sleep(0.02)
+        assert job.outputs() and job.outputs()[-1][0] == SIGNATURE, "no heartbeat streamed while waiting"
+        waiting, cancelled = [t for t in threading.enumerate() if t.name == "codeparrot-complete"], time.monotonic()
+        job.cancel()
+        assert not any(w.join(timeout=2) or w.is_alive() for w in waiting) and time.monotonic() - cancelled < 2
+    finally:
+        complete._GENERATION_LOCK.release()
+    time.sleep(0.2)  # the old code's request, queued for the lock, generated now
+    assert not generated and _slot_is_free()
 
 
 @pytest.fixture
@@ -358,7 +384,8 @@ def test_highlight_bad_upload(client, tmp_path, name, data, message):
 
 
 def test_highlight_empty_code_and_bad_revision(client):
-    assert client.predict("  \n", None, "exp", "latest", api_name="/highlight")[2].startswith("error: the code is empty")
+    status = client.predict("  \n", None, "exp", "latest", api_name="/highlight")[2]
+    assert status.startswith("error: the code is empty")
     status = client.predict("x = 1\n", None, "nope", "latest", api_name="/highlight")[2]
     assert status.startswith("error: ") and "nope" in status
 

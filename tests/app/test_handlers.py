@@ -4,6 +4,7 @@ generation lock every tab shares, and the chart files a long-running app leaves 
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -279,3 +280,127 @@ def test_a_side_by_side_closed_early_stops_its_generation(monkeypatch, tmp_path)
     finally:
         timer.cancel()
         release.set()
+
+
+def _close_while_it_waits(stream) -> None:
+    """Close `stream` the way Gradio does on cancel or disconnect while its first `next()` runs on another thread
+    (`run_sync_iterator_async`): `close()` fails while the generator executes ("generator already executing"),
+    and `SyncToAsyncIterator.aclose` retries it for 60 s holding the app's lock. Here a heartbeat must make it
+    closable within a second, and the work thread behind it must then end, not stay queued for the lock."""
+    import inspect
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    waiter = threading.Thread(target=next, args=(stream, None), daemon=True)
+    waiter.start()
+    while inspect.getgeneratorstate(stream) == inspect.GEN_CREATED:  # the request has started
+        time.sleep(0.005)
+    start = time.monotonic()
+    while True:
+        try:
+            stream.close()
+            break
+        except ValueError:  # "generator already executing"
+            assert time.monotonic() - start < 1, "a request waiting for the generation lock could not be closed"
+            time.sleep(0.01)
+    for worker in set(threading.enumerate()) - before - {waiter}:
+        worker.join(timeout=1)
+        assert not worker.is_alive(), f"{worker.name} still waits for the lock for a closed request"
+
+
+@pytest.fixture
+def lock_held_elsewhere(monkeypatch):
+    """Another tab's generation holds the generation lock for the whole test; heartbeats every 50 ms (`generated`:
+    a list the generation stand-ins append to, which must stay empty)."""
+    from codeparrot.app import background, complete
+
+    monkeypatch.setattr(background, "HEARTBEAT_S", 0.05, raising=False)
+    assert complete._GENERATION_LOCK.acquire(timeout=2)
+    generated: list = []
+    yield generated
+    complete._GENERATION_LOCK.release()
+    time.sleep(0.1)  # a request the old code left queued for the lock would generate now
+    assert not generated, "a closed request generated once the lock was free"
+
+
+def test_a_stream_waiting_for_the_generation_lock_can_be_closed(lock_held_elsewhere):
+    """A request queued behind another tab's generation (blocked waiting for the lock, before any token) is
+    closable within a heartbeat when its client cancels or leaves, and never generates afterwards."""
+    from codeparrot.app import complete
+
+    stream = complete.stream_generation(_Tokenizer(), lambda streamer: lock_held_elsewhere.append(1) or [],
+                                        name="test-lock-wait")
+    _close_while_it_waits(stream)
+
+
+@pytest.mark.parametrize("tab", ["complete", "infill", "compare"])
+def test_a_request_waiting_for_the_generation_lock_can_be_cancelled(monkeypatch, tmp_path, lock_held_elsewhere,
+                                                                    tab):
+    """The same through each generating tab's handler: each must pass the heartbeat on as a yield of what it shows
+    (a handler that skipped it without yielding would be as unclosable as before)."""
+    from codeparrot.app import complete, experiments, infill
+
+    def generate(*args, streamer, **kwargs):
+        lock_held_elsewhere.append(1)
+        return []
+
+    for module in (complete, experiments, infill):
+        monkeypatch.setattr(module, "generate_completions", generate)
+    monkeypatch.setattr(complete, "fit_to_context", lambda model, tokenizer, prompt, n: n)
+    monkeypatch.setattr(experiments, "fit_to_context", lambda model, tokenizer, prompt, n: n)
+    monkeypatch.setattr(infill, "model_context", lambda model: 100)
+    monkeypatch.setattr(infill, "fim_prompt_ids", lambda *args: [1])
+    monkeypatch.setattr(infill, "infill_stops", lambda *args: ((), ()))
+    monkeypatch.setattr(Workspace, "model", lambda self, branch, ckpt: (None, _Tokenizer(), f"{branch}@0123"))
+    ws = Workspace(str(tmp_path))
+    stream = {"complete": lambda: complete.stream_completion(ws, "def f():", "main", "latest", 0.0, 0.95, 8, 0),
+              "infill": lambda: infill.stream_infill(ws, "x = ", "\n", "main", "latest", 0.0, 0.95, 8, 0),
+              "compare": lambda: experiments.compare(ws, "def f():", "main", "latest", "exp", "latest", 0.0, 8, 7),
+              }[tab]()
+    _close_while_it_waits(stream)
+
+
+def test_heartbeats_add_no_text(monkeypatch, tmp_path):
+    """A generation slower than the heartbeat streams heartbeats between its pieces: the Complete tab yields its
+    text unchanged on each (the old heartbeat repeated the last report, which would append a piece twice)."""
+    import torch
+
+    from codeparrot.app import background, complete
+    from codeparrot.inference.completion import Completion
+
+    def generate(model, tokenizer, prompt, *, streamer, **kwargs):
+        streamer.put(torch.tensor([[1, 2]]))
+        for _ in range(3):
+            time.sleep(0.12)  # a slow token: two or so heartbeats
+            streamer.put(torch.tensor([5]))
+        streamer.end()
+        return [Completion("xxx", 3, "max_new_tokens")]
+
+    monkeypatch.setattr(background, "HEARTBEAT_S", 0.05, raising=False)
+    monkeypatch.setattr(complete, "generate_completions", generate)
+    monkeypatch.setattr(complete, "fit_to_context", lambda model, tokenizer, prompt, n: n)
+    monkeypatch.setattr(Workspace, "model", lambda self, branch, ckpt: (None, _Tokenizer(), f"{branch}@0123"))
+    texts = [text for text, _ in complete.stream_completion(Workspace(str(tmp_path)), "def f():", "main", "latest",
+                                                             0.0, 0.95, 8, 0)]
+    assert texts[-1] == "def f():xxx" and len(texts) > 5, texts  # heartbeats were streamed
+    assert all(texts[-1].startswith(text) for text in texts) and texts == sorted(texts, key=len), texts
+
+
+def test_the_losses_status_line_moves_on_between_reports(monkeypatch, tmp_path):
+    """A losses computation that reports seldom (a checkpoint's evaluation can take minutes) still streams its
+    status line, with the last thing it reported, at every heartbeat: the request stays closable and the page
+    shows it alive."""
+    from codeparrot.app import background, experiments
+
+    def quiet_plot(ws, branches, dataset, steps, progress, should_stop):
+        progress(0.5, desc="exp: step 10 (1/2)")
+        time.sleep(0.3)
+        return "losses.png", "2 point(s)"
+
+    monkeypatch.setattr(background, "HEARTBEAT_S", 0.05, raising=False)
+    monkeypatch.setattr(experiments, "losses_plot", quiet_plot)
+    *updates, last = experiments.stream_losses(Workspace(str(tmp_path)), ["exp"], "valid", 2)
+    assert last == ("losses.png", "2 point(s)")
+    statuses = [status for _, status in updates if status.startswith("exp: step 10 (1/2) … ")]
+    assert len(statuses) >= 3, updates

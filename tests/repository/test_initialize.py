@@ -95,3 +95,33 @@ def test_two_runs_initializing_one_new_hub_repository_commit_one_initial_model(m
     # main's weights and tokenizer are the same run's: the one that was told it committed them
     assert main[0].files == {"model.safetensors": f"weights of run {winner}", "tokenizer.json":
                              f"tokenizer of run {winner}", "model_config.yaml": main[0].files["model_config.yaml"]}
+
+
+def test_a_tokenizer_commit_racing_an_initialization_on_the_hub_never_replaces_the_model(monkeypatch, tmp_path):
+    """train_tokenizer.py --repo checks main for an initial model, then commits; on the Hub (no lock) an
+    initialization landing in between had its weights replaced by the tokenizer's tree. The tokenizer's commit
+    names the head it checked as its parent: the Hub refuses it, and the check again says why."""
+    from codeparrot.repository.refs import open_repository
+    from codeparrot.tokenizer import _commit_tokenizer
+
+    store = HubStore()
+    monkeypatch.setattr(hub, "HfApi", lambda *a, **k: store)
+    repo = open_repository("hf://me/cp", create=True)
+    real_upload = store.upload_folder
+
+    def initialized_first(**kw):  # the other run's initial model lands right after the tokenizer's check
+        with store.lock:
+            store._commit("main", "initial model", {"model.safetensors": "weights"})
+        return real_upload(**kw)
+
+    store.upload_folder = initialized_first
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    try:
+        _commit_tokenizer(repo, "hf://me/cp", tok, "tokenizer (vocab 300)")
+    except CodeParrotError as err:
+        assert str(err).startswith("hf://me/cp already has an initial model on main: committing the tokenizer")
+    else:
+        raise AssertionError("the tokenizer was committed over the initial model")
+    assert [c.title for c in store.branches["main"]] == ["initial model", "initial commit"]
