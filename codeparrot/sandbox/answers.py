@@ -13,8 +13,9 @@ scored, which hold each task's other samples). What a program can observe must n
   there nothing is expected (the test suite asserts it): a path it shows after all (a problems file inside
   the standard library), or another name of an aliased file inside its folders, is covered the same way;
   in the host's tree (no minimal view) each path is covered, but not an aliased file's other names;
-- `still_readable`: the paths a program could still read after `cover` (a regular file, a folder listing
-  anything): none, or the mounts did not hide them;
+- `still_readable`: the paths a program could still read after `cover` and every later mount (a regular file,
+  a folder listing anything), also under the worker's binds of the folders holding them (kernel.py binds the
+  stdlib folders into the workspace, covers included): none, or the mounts did not hide them;
 - the audit-hook guard (`guard=True`, every mode) refuses to open or list them, by resolved real path and by
   inode (guard.py). It sees what CPython announces: not C code that opens files by name without an audit
   event, native code, nor a process spawned outside it (`allow_processes`). So it hides them on its own only
@@ -135,21 +136,19 @@ def cover(key: dict, view_folders=None) -> list[str]:
     return covered
 
 
-def still_readable(key: dict) -> list[str]:
-    """The answer paths that still show content here: a regular file, or a folder listing anything."""
+def still_readable(key: dict, covered=(), binds=()) -> list[str]:
+    """The answer paths that still show content here (a regular file, or a folder listing anything): the key's
+    paths and the other names `cover` covered, each also under every bind of a folder holding it (`binds`:
+    (folder, its bind), the worker's stdlib binds), where a bind that left the covers behind shows it."""
+    files = [path for path in dict.fromkeys(key["files"] + list(covered)) if path not in key["folders"]]
     left = []
-    for path in key["files"]:
-        try:
-            if stat.S_ISREG(os.stat(path).st_mode):
-                left.append(path)
-        except OSError:
-            pass
-    for path in key["folders"]:
-        try:
-            if os.listdir(path):
-                left.append(path)
-        except OSError:
-            pass
+    for path, folder in [(path, False) for path in files] + [(path, True) for path in key["folders"]]:
+        for name in [path] + [bind + path[len(source):] for source, bind in binds if _inside(path, source)]:
+            try:
+                if os.listdir(name) if folder else stat.S_ISREG(os.stat(name).st_mode):
+                    left.append(name)
+            except OSError:
+                pass
     return left
 
 

@@ -15,8 +15,9 @@ covered by an empty tmpfs, so tokens (~/.cache/huggingface/token, ~/.netrc, ~/.s
 by a program that keeps our uid (user-namespace mode). What must stay reachable below them (the
 interpreter's prefix and sys.path when Python lives under $HOME, e.g. pyenv; the workspace) is
 bind-mounted back at its own path from a descriptor opened before the cover went on. In either view the
-answer key's files (`answers.py`) are covered before `/` is made read-only: none is expected in the minimal
-view; `layers["answer_key"]` says what hides them, or why nothing does (then `refusal`, unless accepted).
+answer key's files (`answers.py`) are covered before `/` is made read-only and the stdlib is bound into the
+workspace (recursively: the covers come along), and checked after: none is expected in the minimal view;
+`layers["answer_key"]` says what hides them, or why nothing does (then `refusal`, unless accepted).
 
 Every program gets the seccomp allowlist of `seccomp.py` (`program_filter`); where processes outside the
 program's own are visible and signalable (no PID namespace and no private uid: the guard-only mode), its
@@ -196,9 +197,15 @@ def _can_read_stdlib(uid: int) -> bool:
     return probe(check)
 
 
-def _stdlib_binds(ws: str) -> list[tuple[str, str]]:
-    """(stdlib folder, its read-only bind inside the workspace tmpfs) for every folder on sys.path."""
-    return [(path, os.path.join(ws, f".python-{i}")) for i, path in enumerate(sys.path) if os.path.isdir(path)]
+def _bind_stdlib(ws: str) -> list[tuple[str, str]]:
+    """Bind every folder on sys.path inside the workspace tmpfs (read-only once `/` is made so); return
+    [(folder, its bind)]. MS_REC: what is mounted inside a folder comes along, the answer key's covers
+    (answers.cover) among them; without it a bind shows the files they cover."""
+    binds = [(path, os.path.join(ws, f".python-{i}")) for i, path in enumerate(sys.path) if os.path.isdir(path)]
+    for source, target in binds:
+        os.mkdir(target, 0o755)
+        mount(source, target, None, MS_BIND | MS_REC)
+    return binds
 
 
 def _covered(path: str, folders) -> bool:
@@ -307,24 +314,24 @@ def setup(cfg: dict, enter_root=None) -> dict:
                         layers["hidden_homes"] = _hide_homes(cfg.get("hide", []), keep)
                     except OSError as err:
                         layers["notes"].append(f"home folders not hidden ({err})")
-                try:  # before `/` is made read-only (the covers with it); answers.py
+                covered = None
+                try:  # before `/` is made read-only (the covers with it) and the stdlib binds; answers.py
                     covered = answers.cover(key, view["folders"] if view is not None else None)
-                    left = answers.still_readable(key)
                     layers["answer_key"]["covered"] = covered
-                    if left:
-                        layers["notes"].append(f"answer key still readable under its mount cover: {', '.join(left)}")
-                    else:
-                        mounts = "minimal view" if view is not None else "mounts"
                 except OSError as err:
                     layers["notes"].append(f"answer key not covered ({err})")
                 # The private uid may still be unable to read a stdlib outside the home folders (a 0700 parent).
                 if stdlib_unreadable and not _can_read_stdlib(uid):
-                    for source, target in _stdlib_binds(ws):
-                        os.mkdir(target, 0o755)
-                        mount(source, target, None, MS_BIND)
+                    layers["path_map"] = _bind_stdlib(ws)
+                    for source, target in layers["path_map"]:
                         layers["sys_path"][sys.path.index(source)] = target
-                        layers["path_map"].append((source, target))
                 stdlib_unreadable = False
+                if covered is not None:  # after the last mount that could show a covered path again (the binds)
+                    left = answers.still_readable(key, covered, layers["path_map"])
+                    if left:
+                        layers["notes"].append(f"answer key still readable under its mount cover: {', '.join(left)}")
+                    else:
+                        mounts = "minimal view" if view is not None else "mounts"
                 set_readonly("/", readonly=True, recursive=True)
                 set_readonly(ws, readonly=False, recursive=False, noexec=True)  # its stdlib binds: read-only
                 layers["readonly_root"] = True

@@ -54,7 +54,11 @@ PRELOAD = ("typing", "math", "random", "copy", "string", "hashlib", "heapq", "bi
 # CPython's own test helpers (raw memory access, crash triggers), `_posixsubprocess` (its fork_exec spawns
 # without an audit event: `subprocess` announces the spawn from Python, through a `sys.audit` the program can
 # replace) and the modules whose C functions write files by name without one (guard.UNAUDITED_FILES).
-# Preloaded, they would be in sys.modules: no import event would give the guard the chance to refuse them.
+# Preloaded, they would be in sys.modules: no import event would give the guard the chance to refuse them;
+# even dropped from sys.modules afterwards, their library would stay mapped, and `_imp.create_dynamic` builds
+# a module from a mapped library without mapping anything, under a name of the program's choosing. So none
+# is loaded at all, not even by another preloaded module (`_asyncio` imports asyncio, which imports
+# subprocess): `_Refuse`.
 NOT_PRELOADED = ("_test", "_xx", "xx", "_ctypes_test", "_posixsubprocess") + guard.UNAUDITED_FILES
 # Functions that act on other processes without raising an audit event: removed before the guard installs
 # (kill and killpg raise events and are refused by the guard). A program can rebuild the modules (e.g.
@@ -278,8 +282,46 @@ def warm_up(layers: dict) -> None:
     # Without a read-only root the allowlist refuses all executable memory: load the interpreter's own
     # extension modules now (with one, a program maps them itself, and forks stay small).
     native = [] if layers["readonly_root"] else [m for m in extension_modules() if not m.startswith(NOT_PRELOADED)]
-    for name in PRELOAD + tuple(native):
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 - a module that cannot load here cannot load for a program either
-            pass
+    sys.meta_path.insert(0, _Refuse)
+    try:
+        for name in PRELOAD + tuple(native):
+            before = set(sys.modules)
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - a module that cannot load here cannot load for a program either
+                _forget(before)  # what a refused import left half-done (asyncio's first submodules)
+    finally:
+        sys.meta_path.remove(_Refuse)
+    # Loaded before the warm-up (by the worker's own imports), one would be in every program: a bug of ours.
+    loaded = [name for name in sys.modules if _refused(name)]
+    with open("/proc/self/maps") as maps:
+        loaded += [path for path in {line.split()[-1] for line in maps} if _refused(os.path.basename(path))
+                   and os.path.basename(os.path.dirname(path)) == "lib-dynload"]
+    if loaded:
+        raise RuntimeError(f"loaded before any program, where none may: {', '.join(sorted(loaded))}")
+
+
+def _refused(name: str) -> bool:
+    """Is `name` (a module, or the file name of an extension module) one of NOT_PRELOADED?"""
+    return name.partition(".")[0].startswith(NOT_PRELOADED)
+
+
+class _Refuse:
+    """First on sys.meta_path during the warm-up: a module of NOT_PRELOADED cannot be found, whoever imports
+    it, so the import that wants it fails before its library is mapped."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if _refused(name):
+            raise ImportError(f"{name} is not preloaded (zygote.NOT_PRELOADED)", name=name)
+        return None
+
+
+def _forget(before: set) -> None:
+    """Drop the modules imported since `before` from sys.modules, and from the packages that stay (a package
+    holds its imported submodules as attributes), so no program finds them."""
+    for name in set(sys.modules) - before:
+        module = sys.modules.pop(name)
+        parent, _, child = name.rpartition(".")
+        if parent in before and getattr(sys.modules.get(parent), child, None) is module:
+            delattr(sys.modules[parent], child)

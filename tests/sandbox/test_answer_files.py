@@ -12,11 +12,14 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+import codeparrot.sandbox
 from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.problems import default_problems_file, load_problems
 from codeparrot.sandbox import Program, Sandbox, SandboxConfig
@@ -159,3 +162,96 @@ def test_the_guard_refuses_the_answer_key_outside_the_minimal_view(key_files):
     assert [route for route, result in results.items() if result.passed] == [], results
     assert results["a hard link to the --problems file"].detail.startswith("sandbox refused open of the answer key")
     assert set(key["covered"]) == set(key["paths"]) and key["hidden_by"] == ["mounts", "guard"], key
+
+
+# In a private mount namespace of this script (nothing changes for anyone else): an answer file inside the
+# standard library folder (an overlay over it, the file in the overlay's upper layer), that folder 0711, so
+# a private uid cannot list it (imports of modules not preloaded fail) but opens a file in it by name. The
+# worker then binds the folder into the workspace (the "private uid cannot read the stdlib" case): a bind
+# without MS_REC left the answer file's cover behind, so it read in full there while reported hidden.
+REBOUND_STDLIB = r'''
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def ok(ret, what):
+    if ret != 0:
+        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
+ok(libc.unshare(0x00020000), "no mount namespace")
+ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
+stdlib, scratch = os.path.dirname(os.__file__), sys.argv[1]  # an empty folder of the test's
+ok(libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0, b"size=1m"), "tmpfs")
+os.mkdir(scratch + "/upper", 0o711)
+os.mkdir(scratch + "/work")
+layers = f"lowerdir={stdlib},upperdir={scratch}/upper,workdir={scratch}/work"
+ok(libc.mount(b"overlay", stdlib.encode(), b"overlay", 0, layers.encode()), "overlay over the stdlib")
+answer = os.path.join(stdlib, "codeparrot-answer-key.txt")
+with open(answer, "w") as f:
+    f.write("the answer key")
+os.chmod(answer, 0o644)
+from codeparrot.sandbox import Program, Sandbox, SandboxConfig
+with Sandbox(SandboxConfig(timeout=3.0, guard=False, answer_paths=[answer]), num_workers=1) as box:
+    layers = box.start()
+    if not layers["path_map"]:
+        print(json.dumps({"skip": "the worker did not bind the stdlib: %s" % layers["notes"]})); sys.exit()
+    names = [answer] + [bind + answer[len(folder):] for folder, bind in layers["path_map"]
+                         if answer.startswith(folder + "/")]
+    code = (f"def f():\n    got = []\n    for name in {names!r}:\n        try:\n"
+            "            with open(name) as f:\n                got.append(f.read())\n"
+            "        except OSError as err:\n            got.append(err.strerror)\n    return got\n")
+    result = box.run([Program("", code, "def check(candidate):\n    raise RuntimeError(candidate())\n", "f")])[0]
+print(json.dumps({"names": names, "detail": result.detail, "key": layers["answer_key"], "notes": layers["notes"]}))
+'''
+
+
+def test_an_answer_file_in_a_folder_the_worker_rebinds_stays_covered(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a mount namespace of its own, and the worker's private uid")
+    out = subprocess.run([sys.executable, "-c", REBOUND_STDLIB, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert len(got["names"]) == 2, got  # its own path, and its name in the stdlib's bind in the workspace
+    assert got["detail"] == "RuntimeError: ['', '']", got  # both read as /dev/null, the cover
+    assert got["key"]["covered"] == got["names"][:1] and got["key"]["reachable"] == "", got
+
+
+# The check after the binds, on its own: a bind without MS_REC (the old one) shows the covered file, and
+# `still_readable` names it there; the bind the worker makes now (MS_REC) carries the cover along.
+CHECK_BINDS = r'''
+import ctypes, json, os, sys
+sys.path.insert(0, sys.argv[1])
+import answers
+libc = ctypes.CDLL(None, use_errno=True)
+def ok(ret, what):
+    if ret != 0:
+        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
+ok(libc.unshare(0x00020000), "no mount namespace")
+ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
+top = sys.argv[2]  # an empty folder of the test's
+ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", 0, b"size=1m"), "tmpfs")
+os.mkdir(top + "/lib")
+with open(top + "/lib/answers.txt", "w") as f:
+    f.write("the answer key")
+key = answers.survey([top + "/lib/answers.txt"], [])
+covered = answers.cover(key)
+got = {"covered": answers.still_readable(key, covered)}
+for name, flags in (("MS_BIND", 4096), ("MS_BIND | MS_REC", 4096 | (1 << 14))):
+    os.mkdir(top + "/" + str(flags))
+    ok(libc.mount(top.encode() + b"/lib", f"{top}/{flags}".encode(), None, flags, None), name)
+    got[name] = [path[len(top):] for path in answers.still_readable(key, covered, [(top + "/lib", f"{top}/{flags}")])]
+print(json.dumps(got))
+'''
+
+
+def test_the_answer_key_is_checked_under_every_bind_of_its_folder(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a mount namespace of its own")
+    folder = os.path.dirname(codeparrot.sandbox.__file__)
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", CHECK_BINDS, folder, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got == {"covered": [], "MS_BIND": ["/4096/answers.txt"], "MS_BIND | MS_REC": []}, got

@@ -9,6 +9,7 @@ guard is the last barrier sqlite is refused altogether; that mode runs only with
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import sys
 
 import pytest
 
+import codeparrot.sandbox
 from codeparrot.sandbox import Program, SandboxConfig
 
 from .test_process_ownership import AS_UNPRIVILEGED
@@ -116,13 +118,64 @@ def test_guard_only_mode_starts_no_process_outside_the_guard(start_box, tmp_path
     `_posixsubprocess.fork_exec`, which raises no audit event: in guard-only mode with `allow_processes` (here
     as root) that ran `/bin/sh` on the host, outside the guard, and a library the program wrote could be
     mapped to run. Without a read-only view spawning is never granted (a weaker-mode note says so), and
-    `_posixsubprocess` is not preloaded there: its import is refused, as in every mode."""
+    `_posixsubprocess` is never loaded there, not even by a preloaded module (`_asyncio` imports asyncio,
+    which imports subprocess): so `import subprocess` is refused by the guard at its import, before any
+    system call. `_imp.create_dynamic` builds a module under any name from its library: the guard refuses
+    that name by its last part, and (test below) the library is not mapped, where the allowlist lets nothing
+    more be mapped executable (with it mapped, `x._posixsubprocess` passed both)."""
     box = start_box(SandboxConfig(timeout=3.0, namespaces=False, drop_privileges=False, allow_root=True,
                                   allow_processes=True))
     tmp_path.chmod(0o777)
     marker = tmp_path / "spawned"
-    code = ("import subprocess, sys\ndef f():\n    sys.audit = lambda *args: None\n"
-            f"    subprocess.run(['/bin/sh', '-c', 'touch {marker}'])\n    return 1\n")
-    result = box.run([Program("", code, CHECK_ONE, "f")])[0]
-    assert not marker.exists() and not result.passed, result
+    # None where the interpreter has it built in (Debian's): `_imp.create_builtin` then, the allowlist's to stop
+    library = next((p for d in sys.path if d.endswith("lib-dynload") for p in glob.glob(d + "/_posixsubprocess.*")),
+                   None)
+    cases = {
+        "spawn, sys.audit replaced": "import subprocess, sys\ndef f():\n    sys.audit = lambda *args: None\n"
+                                     f"    subprocess.run(['/bin/sh', '-c', 'touch {marker}'])\n    return 1\n",
+        "import subprocess": "def f():\n    import subprocess\n    return 1\n",
+        "import asyncio": "def f():\n    import asyncio\n    return 1\n",
+        "built under another name": "import _imp\nclass Spec:\n    name = 'x._posixsubprocess'\n"
+                                    f"    origin = {library!r}\n"
+                                    "def f():\n    return 1 if _imp.create_dynamic(Spec).fork_exec else 0\n",
+        "nothing loaded": "import sys\ndef f():\n    return 1 if not [name for name in sys.modules if "
+                          "name.split('.')[0] in ('_posixsubprocess', 'subprocess', 'asyncio', '_asyncio')] else 0\n",
+    }
+    if library is None:
+        del cases["built under another name"]
+    results = dict(zip(cases, box.run([Program("", code, CHECK_ONE, "f") for code in cases.values()])))
+    assert not marker.exists()
+    assert results.pop("nothing loaded").passed
+    for name, result in results.items():
+        assert not result.passed, (name, result)
+        refused = "x._posixsubprocess" if name == "built under another name" else "_posixsubprocess"
+        assert result.detail == f"sandbox refused import of {refused}", (name, result)
     assert not box.layers["spawning"] and any("allow_processes" in note for note in box.layers["notes"])
+
+
+# The warm-up itself, with no seccomp filter and no guard: no module it preloads brings in a module of
+# NOT_PRELOADED (here `_asyncio` -> asyncio -> subprocess -> _posixsubprocess), nor even maps its library.
+WARM_UP = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import zygote
+zygote.warm_up({"program_seccomp": False, "seccomp": False, "readonly_root": False, "spawning": False})
+with open("/proc/self/maps") as maps:
+    mapped = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in maps if "lib-dynload" in line})
+left_out = [name for name in zygote.extension_modules()
+            if name not in sys.modules and not name.startswith(zygote.NOT_PRELOADED)]
+print(json.dumps({"modules": sorted(sys.modules), "mapped": mapped, "left out": left_out}))
+'''
+
+
+def test_the_warm_up_loads_nothing_that_spawns_or_writes_unaudited():
+    folder = os.path.dirname(codeparrot.sandbox.__file__)  # server.py's siblings, imported as it does
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", WARM_UP, folder], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    refused = ("_posixsubprocess", "subprocess", "asyncio", "readline", "_posixshmem", "_multiprocessing", "_dbm")
+    assert [name for name in got["modules"] if name.split(".")[0] in refused] == [], got["modules"]
+    assert [name for name in got["mapped"] if name.split(".")[0] in refused] == [], got["mapped"]
+    # All the others are loaded; `_asyncio` is not, as it imports asyncio, which imports subprocess.
+    assert got["left out"] == ["_asyncio"], got
