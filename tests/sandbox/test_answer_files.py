@@ -164,6 +164,17 @@ def test_the_guard_refuses_the_answer_key_outside_the_minimal_view(key_files):
     assert set(key["covered"]) == set(key["paths"]) and key["hidden_by"] == ["mounts", "guard"], key
 
 
+# A program's first lines for the tests that mount: its own mount namespace, nothing propagating to the host's
+# (or a JSON skip line saying why it cannot).
+PRIVATE_MOUNTS = r'''
+libc = ctypes.CDLL(None, use_errno=True)
+def ok(ret, what):
+    if ret != 0:
+        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
+ok(libc.unshare(0x00020000), "no mount namespace")
+ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
+'''
+
 # In a private mount namespace of this script (nothing changes for anyone else): an answer file inside the
 # standard library folder (an overlay over it, the file in the overlay's upper layer), that folder 0711, so
 # a private uid cannot list it (imports of modules not preloaded fail) but opens a file in it by name. The
@@ -171,13 +182,7 @@ def test_the_guard_refuses_the_answer_key_outside_the_minimal_view(key_files):
 # without MS_REC left the answer file's cover behind, so it read in full there while reported hidden.
 REBOUND_STDLIB = r'''
 import ctypes, json, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def ok(ret, what):
-    if ret != 0:
-        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
-ok(libc.unshare(0x00020000), "no mount namespace")
-ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
-stdlib, scratch = os.path.dirname(os.__file__), sys.argv[1]  # an empty folder of the test's
+''' + PRIVATE_MOUNTS + r'''stdlib, scratch = os.path.dirname(os.__file__), sys.argv[1]  # an empty folder of the test's
 ok(libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", 0, b"size=1m"), "tmpfs")
 os.mkdir(scratch + "/upper", 0o711)
 os.mkdir(scratch + "/work")
@@ -222,13 +227,7 @@ CHECK_BINDS = r'''
 import ctypes, json, os, sys
 sys.path.insert(0, sys.argv[1])
 import answers
-libc = ctypes.CDLL(None, use_errno=True)
-def ok(ret, what):
-    if ret != 0:
-        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
-ok(libc.unshare(0x00020000), "no mount namespace")
-ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
-top = sys.argv[2]  # an empty folder of the test's
+''' + PRIVATE_MOUNTS + r'''top = sys.argv[2]  # an empty folder of the test's
 ok(libc.mount(b"tmpfs", top.encode(), b"tmpfs", 0, b"size=1m"), "tmpfs")
 os.mkdir(top + "/lib")
 with open(top + "/lib/answers.txt", "w") as f:
