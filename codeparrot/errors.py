@@ -8,13 +8,19 @@ Under a multi-process launcher (`accelerate launch --num_processes N`, torchrun)
 checks and fails the same way; only the main process (RANK 0) prints the line, so it appears once. The
 launcher's own failure report comes after it; `scripts/launch.py` (accelerate's launcher, run in-process)
 replaces that report so the `error:` line stays the last thing printed.
+
+SIGTERM (`kill`, a scheduler's stop) unwinds a CLI the way Ctrl-C does: temporary outputs are removed, child
+processes and sandboxes stopped, `finally` blocks run; then `stopped by SIGTERM` and status 143. A script that
+takes SIGTERM over itself (a training run saves a checkpoint first; the server finishes its requests) keeps it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -36,6 +42,35 @@ class CodeParrotError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in a CLI's main thread (`run_cli`). A `KeyboardInterrupt`, so that everything that cleans up
+    after Ctrl-C (ours and the libraries': worker pools, progress bars, servers) does the same for it."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """SIGTERM's handler in a CLI (`run_cli`): raise `Terminated` in the main thread."""
+    # Further SIGTERMs change nothing (a scheduler that signals the whole job and a parent that passes its own on
+    # send two): the cleanup is not cut short. SIGKILL still ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+def _take_sigterm() -> Callable[[], None]:
+    """Have SIGTERM raise `Terminated` in the main thread while it still has its default action (a launcher or
+    library that installed its own keeps it); returns what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) in (raise_terminated, signal.SIG_IGN):  # not if `main` took it over
+            signal.signal(signal.SIGTERM, previous)
+    return restore
+
+
 # Called with the `error: ...` line on EVERY process when run_cli reports a CodeParrotError, also on the
 # non-main ranks that do not print it (codeparrot.training.rank_logs writes it to <run>/logs/rank-N.log).
 _error_listeners: list[Callable[[str], None]] = []
@@ -48,7 +83,9 @@ def add_error_listener(listener: Callable[[str], None]) -> None:
 
 
 def run_cli(main: Callable[[], int | None]) -> None:
-    """Run a script's `main()`, turning `CodeParrotError` and Ctrl-C into a one-line message and exit code."""
+    """Run a script's `main()`, turning `CodeParrotError`, Ctrl-C and SIGTERM into a one-line message and exit
+    code."""
+    restore = _take_sigterm()
     try:
         code = main()
     except CodeParrotError as err:
@@ -59,9 +96,15 @@ def run_cli(main: Callable[[], int | None]) -> None:
                 pass
         report_error_line(f"error: {err}")
         sys.exit(USER_ERROR_EXIT)
+    except Terminated:
+        if is_main_launched_process():  # every process of a launched job gets its own SIGTERM
+            print("stopped by SIGTERM", file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED_EXIT)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        restore()
     sys.exit(code or 0)
 
 

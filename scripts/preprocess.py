@@ -13,7 +13,6 @@ DIR is written atomically: a failed or interrupted run leaves no half-written ou
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from codeparrot.data.preprocess import preprocess
@@ -24,8 +23,6 @@ from codeparrot.errors import run_cli
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_preprocess_config(argv, __doc__)
-    # A `kill` (SIGTERM) unwinds like Ctrl-C, so the temporary output folder is removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stats = preprocess(cfg)
     print(format_summary(stats))
     for warning in stats["warnings"]:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 from codeparrot.atomic_io import atomic_write_json
+from codeparrot.child_signals import sigterm_passed_to_children
 from codeparrot.config import doc
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, Terminated
 from codeparrot.tools.demo_summary import print_summary
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,10 +49,11 @@ def _script(name: str) -> list[str]:
 
 
 def _accelerate(num_processes: int) -> list[str]:
-    """`accelerate launch` for CPU: one process plainly, several with the multi-GPU launcher on CPU."""
+    """`accelerate launch` for CPU through `scripts/launch.py` (its own launcher, with a failure as one line and a
+    SIGTERM passed on to the run): one process plainly, several with the multi-GPU launcher on CPU."""
     # Every launcher default is given, so accelerate prints no "values were not passed" warning block.
     threads = str(max(1, (os.cpu_count() or 1) // num_processes))
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+    launch = [*_script("launch.py"), "--num_machines", "1", "--mixed_precision", "no",
               "--dynamo_backend", "no", "--num_cpu_threads_per_process", threads]
     if num_processes > 1:
         return [*launch, "--multi_gpu", "--num_processes", str(num_processes)]
@@ -172,8 +174,12 @@ def run_stage(out: Path, stage: Stage) -> float:
     env.update({"HF_HUB_OFFLINE": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
                 "TOKENIZERS_PARALLELISM": "false", **stage.env})
     start = time.perf_counter()
-    result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
+    with sigterm_passed_to_children() as sigterm:  # the stage stops its own way (training: with a checkpoint)
+        result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
     seconds = time.perf_counter() - start
+    if sigterm.received and result.returncode != 0:
+        print(f"demo stage '{stage.name}' was stopped (re-run `make demo` to resume from it)", file=sys.stderr)
+        raise Terminated
     if result.returncode != 0:
         raise CodeParrotError(f"demo stage '{stage.name}' failed with exit code {result.returncode} "
                               f"(re-run `make demo` to resume from this stage)")

@@ -14,7 +14,8 @@ and replaces its report with at most one line:
   watchdog reported (training/watchdog.py) likewise, exit status 75;
 - any other failure (a crash whose traceback the process printed, a signal) gets one `error:` line naming
   the rank, the exit status or signal, and where its output is;
-- Ctrl-C prints `interrupted` and exits 130.
+- Ctrl-C prints `interrupted` and exits 130; SIGTERM sent to the launcher alone reaches the processes
+  (codeparrot/child_signals.py), and the job leaves with their status (a training run: 143 after its checkpoint).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import signal
 import subprocess
 import sys
 
-from codeparrot.errors import LAUNCHER_REPORTS_ENV, REPORTED_EXITS, USER_ERROR_EXIT
+from codeparrot.child_signals import sigterm_passed_to_children
+from codeparrot.errors import LAUNCHER_REPORTS_ENV, REPORTED_EXITS, USER_ERROR_EXIT, Terminated
 
 # torch elastic's loggers report each failed process ("failed (exitcode: 2) local_rank: 0 ...") and the
 # SIGTERM it sends the other ranks; the one-line summary below says the same once.
@@ -89,7 +91,10 @@ def launch(argv: list[str]) -> int:
     # (the multi-process launchers), the one-process launcher lets the process print
     os.environ[LAUNCHER_REPORTS_ENV] = "1"
     try:
-        launch_command(args)
+        # accelerate's one-process launcher leaves SIGTERM to kill it and orphan the run: pass it on (the run saves a
+        # checkpoint and leaves with 143); several processes: torch elastic's agent takes it over and forwards it
+        with sigterm_passed_to_children():
+            launch_command(args)
     except ChildFailedError as err:
         # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
         # cause: the other processes were stopped because of it, their SIGTERM is not news
@@ -116,6 +121,8 @@ def launch(argv: list[str]) -> int:
         name = signal.Signals(err.sigval).name
         print(f"interrupted by {name}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
+    except Terminated:  # before any process started: run_cli says so
+        raise
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130

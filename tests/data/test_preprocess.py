@@ -206,13 +206,9 @@ def test_file_names_that_are_not_utf8_reach_the_clusters_file_and_the_printed_su
     stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     monkeypatch.setattr("sys.stdout", stdout)
     off = [f"--no-{f.name.replace('_', '-')}" for f in dataclasses.fields(FilterConfig) if f.type in (bool, "bool")]
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        assert load_script("preprocess").main(["--input", str(folder), "--output-dir", str(out), "--near-dedup",
-                                               "--num-workers", "0", "--no-decontaminate", "--valid-fraction", "0",
-                                               "--no-progress", *off]) == 0
-    finally:
-        signal.signal(signal.SIGTERM, handler)
+    assert load_script("preprocess").main(["--input", str(folder), "--output-dir", str(out), "--near-dedup",
+                                           "--num-workers", "0", "--no-decontaminate", "--valid-fraction", "0",
+                                           "--no-progress", *off]) == 0
     members = json.loads((out / "duplicate_clusters.json").read_text(encoding="utf-8"))["clusters"][0]
     assert [m["input"] for m in members] == [f"{src}:1", f"{src}:2"]
     stdout.flush()
@@ -259,8 +255,11 @@ def test_a_killed_run_leaves_no_output_folder(sig, tmp_path, repo_root, python, 
     proc.send_signal(sig)
     proc.wait(timeout=30)
     assert not out.exists()
-    if sig == signal.SIGTERM:  # a catchable signal also removes the temporary folder
-        assert proc.returncode != 0 and not list(tmp_path.glob(".clean.tmp-*"))
+    if sig == signal.SIGTERM:  # a catchable signal also removes the temporary folder, and says what stopped it
+        assert not list(tmp_path.glob(".clean.tmp-*"))
+        stderr = proc.stderr.read().decode()
+        assert proc.returncode == 143 and stderr.strip().splitlines()[-1] == "stopped by SIGTERM", stderr
+        assert "Traceback" not in stderr, stderr
 
 
 def test_help_explains_every_flag_and_the_fixes(repo_root, python, scripts_env):

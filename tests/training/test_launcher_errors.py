@@ -3,13 +3,15 @@
 `scripts/launch.py` (accelerate's launcher run in-process, the README's training command): the one-line error is
 the last and only line, with 1 and 2 processes, and a crash ends with one line naming the rank and exit status.
 Plain `accelerate launch`: the error is printed once (by the main process only) and the launch commands the
-README shows print no warning block."""
+README shows print no warning block. SIGTERM sent to the one-process launcher reaches the run."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,3 +113,25 @@ def test_a_recorded_stall_keeps_its_status_when_the_launcher_stops_that_rank_fir
     done = _run(repo_root, scripts_env, LAUNCH, _two_processes(), [str(stalled)])
     assert done.returncode == 75, done.stdout + done.stderr
     assert (done.stdout + done.stderr).strip().splitlines() == ["error: stalled: rank 0 waiting for step 3"]
+
+
+def test_sigterm_sent_to_the_one_process_launcher_reaches_the_run(repo_root, scripts_env, tmp_path):
+    # Kubernetes and `kill PID` signal only the launcher; accelerate's one-process launcher would die and leave
+    # the run orphaned. The run gets the SIGTERM (a training run saves a checkpoint), the job leaves with its status.
+    run = tmp_path / "run.py"
+    run.write_text("import signal, sys, time\nfrom pathlib import Path\n"
+                   f"stopped = Path({str(tmp_path)!r}, 'stopped')\n"
+                   "signal.signal(signal.SIGTERM, lambda *_: (stopped.touch(), sys.exit(143)))\n"
+                   f"Path({str(tmp_path)!r}, 'ready').touch()\n"
+                   "time.sleep(60)\n", encoding="utf-8")
+    env = {**scripts_env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen([*LAUNCH, *ONE_PROCESS, str(run)], cwd=repo_root, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert launcher.poll() is None, launcher.communicate()[0]
+    launcher.send_signal(signal.SIGTERM)
+    output = launcher.communicate(timeout=30)[0]
+    assert (tmp_path / "stopped").exists(), output
+    assert launcher.returncode == 143 and output.strip() == "", output  # the run's status; its own words only

@@ -1,0 +1,77 @@
+"""SIGTERM in a CLI: `run_cli` unwinds like Ctrl-C and says so (status 143); `sigterm_passed_to_children` hands it to
+the child a CLI waits for. Real processes and real signals: only the process under test is signalled."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+CHILD = ("import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda *_: (print('child got SIGTERM', flush=True), sys.exit(143)))\n"
+         "print('child ready', flush=True)\n"
+         "time.sleep(60)\n")
+
+
+def _start(program: str, scripts_env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(program)], env=scripts_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for(proc: subprocess.Popen, line: str) -> list[str]:
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = proc.stdout.readline()
+        if not got:
+            break
+        seen.append(got.rstrip("\n"))
+        if seen[-1] == line:
+            return seen
+    raise AssertionError(f"never printed {line!r}: {seen} {proc.stderr.read() if proc.poll() is not None else ''}")
+
+
+def test_sigterm_unwinds_a_cli_like_ctrl_c_and_a_second_one_does_not_cut_its_cleanup(scripts_env):
+    proc = _start("""
+        import time
+        from codeparrot.errors import run_cli
+        def main():
+            try:
+                print("ready", flush=True)
+                time.sleep(60)
+            finally:  # where a CLI removes its temporary output
+                print("cleaning", flush=True)
+                time.sleep(0.5)
+                print("cleaned up", flush=True)
+        run_cli(main)
+    """, scripts_env)
+    _wait_for(proc, "ready")
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(proc, "cleaning")
+    proc.send_signal(signal.SIGTERM)  # a scheduler's and a parent's: the same stop
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and out == "cleaned up\n" and err == "stopped by SIGTERM\n", (out, err)
+
+
+def test_a_waiting_cli_passes_sigterm_to_its_child_and_stops_itself_when_it_has_none(scripts_env):
+    proc = _start(f"""
+        import subprocess, sys, time
+        from codeparrot.child_signals import sigterm_passed_to_children
+        from codeparrot.errors import run_cli
+        def main():
+            with sigterm_passed_to_children() as sigterm:
+                code = subprocess.run([sys.executable, "-c", {CHILD!r}]).returncode
+            print(f"child left with {{code}}, received {{sigterm.received}}", flush=True)
+            with sigterm_passed_to_children():
+                print("no child", flush=True)
+                time.sleep(60)
+        run_cli(main)
+    """, scripts_env)
+    _wait_for(proc, "child ready")
+    proc.send_signal(signal.SIGTERM)  # the parent alone, as Kubernetes or `kill PID` does
+    assert _wait_for(proc, "no child")[-3:] == ["child got SIGTERM", "child left with 143, received True", "no child"]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and err == "stopped by SIGTERM\n", (out, err)
