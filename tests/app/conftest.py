@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# The prompt the API tests complete: the memorized model continues it with the body of `add`.
+SIGNATURE = "def add(a, b):"
+
 # Every socket address the test process resolves or connects to, recorded by an audit hook (installed once per
 # session, before the app is built): the no-network test checks them all.
 CONTACTED: list[tuple[str, str]] = []
@@ -80,8 +83,8 @@ def served(app_repo):
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    ws = Workspace(app_repo["ref"], revision="exp", data_dir=app_repo["clean"], runs_dir=app_repo["runs"], max_upload_bytes=4000,
-                   cache=ModelCache(1 << 30, device="cpu"))
+    ws = Workspace(app_repo["ref"], revision="exp", data_dir=app_repo["clean"], runs_dir=app_repo["runs"],
+                   max_upload_bytes=4000, cache=ModelCache(1 << 30, device="cpu"))
     demo, url = start(ws, "127.0.0.1", free_port())
     yield ws, url
     demo.close()

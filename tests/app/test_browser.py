@@ -242,10 +242,12 @@ def test_browser_fetched_nothing_beyond_loopback(page, served):
 
 
 def _set_field(page, elem_id: str, value) -> None:
-    """Type into a gr.Textbox / gr.Number (its <textarea> or <input>) as a user would."""
-    page.js(f"""(() => {{ const t = document.querySelector('#{elem_id} textarea, #{elem_id} input');
-        t.value = {json.dumps(str(value))}; t.dispatchEvent(new Event('input', {{bubbles: true}}));
-        t.dispatchEvent(new Event('change', {{bubbles: true}})); }})()""")
+    """Type into a gr.Textbox / gr.Number (its <textarea> or <input>) as a user would, once it is there (a tab's
+    fields appear some time after the tab is selected, later on a loaded machine)."""
+    page.wait(f"(() => {{ const t = document.querySelector('#{elem_id} textarea, #{elem_id} input');"
+              f" if (!t) return false; t.value = {json.dumps(str(value))};"
+              " t.dispatchEvent(new Event('input', {bubbles: true}));"
+              " t.dispatchEvent(new Event('change', {bubbles: true})); return true; })()")
 
 
 def _plot_refused(page, dataset: str, steps, expected: str, marker: str) -> str:
