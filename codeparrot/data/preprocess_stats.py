@@ -133,10 +133,10 @@ def format_summary(stats: dict[str, Any]) -> str:
                  f"{stats['kept_train'] + stats['kept_valid']:,} kept; {stats['bytes_in'] / 1e6:.1f} MB in, "
                  f"{stats['bytes_out'] / 1e6:.1f} MB out")
     lines += [f"  first '{reason}' at {where}" for reason, where in stats["bad_record_examples"].items()]
-    lines.append(f"  {'stage':<14}{'seconds':>9}{'files/s':>10}{'MB/s':>8}")
+    lines.append(f"  {'stage':<14}{'seconds':>9}{'files/s':>12}{'MB/s':>8}")
     for stage, sec in stats["seconds"].items():
         fps, mbs = stats["files_per_second"].get(stage), stats["mb_per_second"].get(stage)
-        lines.append(f"  {stage:<14}{sec:>9.2f}{'' if fps is None else f'{fps:,.0f}':>10}"
+        lines.append(f"  {stage:<14}{sec:>9.2f}{'' if fps is None else f'{fps:,.0f}':>12}"
                      f"{'' if mbs is None else f'{mbs:.1f}':>8}")
     lines.append("  (stages in CPU seconds, files/s per core; filters, decontaminate and minhash summed over workers; "
                  "pass1, pass2, total wall-clock)")

@@ -90,11 +90,16 @@ class ChunkWorker:
             sigs, valid = self.minhasher.signatures([t if red is None else red[0]
                                                      for t, r, red in zip(texts, reasons, redactions) if r is None])
         t5 = time.process_time()
-        seconds = {"filters": t1 - t0, "decontaminate": t3 - t2, "minhash": t5 - t4}
+        # only the stages that ran: one that is off would show a rate of its files over ~0 seconds
+        seconds = {"filters": t1 - t0}
         if self.filter_encoded_data:
             seconds["encoded_data"] = t2 - t1
+        if self.decontaminator is not None:
+            seconds["decontaminate"] = t3 - t2
         if self.redact_secrets:
             seconds["redact_secrets"] = t4 - t3
+        if self.minhasher is not None:
+            seconds["minhash"] = t5 - t4
         return reasons, sigs, valid, seconds, redactions
 
 

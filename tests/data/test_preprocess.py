@@ -69,7 +69,7 @@ def test_full_run_prints_stats_and_loads_back_with_datasets(corpus, tmp_path, re
     assert result.returncode == 0, result.stderr
     assert "exact duplicates" in result.stdout and "kept: train" in result.stdout and "files/s" in result.stdout
     stats = json.loads((out / "stats.json").read_text())
-    assert STATS_KEYS <= stats.keys()
+    assert STATS_KEYS <= stats.keys() and {"filters", "decontaminate", "minhash"} <= stats["files_per_second"].keys()
     assert stats["exact_duplicates"] == 3
     assert stats["near_duplicates"] >= 2
     removed = (sum(stats["bad_records"].values()) + stats["exact_duplicates"] + sum(stats["filtered"].values())
@@ -308,6 +308,8 @@ def test_tokenizer_enables_the_chars_per_token_filter_in_the_workers(tmp_path, s
                                         valid_fraction=0, decontaminate=False, progress=False))
     assert stats["filtered"]["chars_per_token"] == 1 and stats["filters_off"] == {}
     assert [r["content"] for r in _rows(tmp_path / "out" / "train")] == [code]
+    # stages that did not run (no near dedup, no decontamination) get no time and no rate of files over ~0 s
+    assert "filters" in stats["seconds"] and not {"minhash", "decontaminate"} & stats["files_per_second"].keys()
     with pytest.raises(CodeParrotError, match="tokenizer not found"):
         preprocess(PreprocessConfig([str(src)], str(tmp_path / "out2"), tokenizer=str(tmp_path / "missing")))
 
