@@ -2,8 +2,13 @@
 
 Every stage runs the same command a user would type (printed before it runs), so the demo doubles as a
 worked example. A stage is skipped when its completion record `<out>/.stages/<name>.json` exists, was written
-for the same command, and the stage's outputs are still there; `--fresh` redoes everything. Each stage's
-outputs are written atomically by the stage itself, so an interrupted demo resumes at the stage that broke.
+for the same command (paths taken relative to the output folder, the repository and the interpreter, so a moved
+folder or another clone still counts), and the stage's outputs are still there; `--fresh` redoes everything.
+Each stage's outputs are written atomically by the stage itself, so an interrupted demo resumes at the stage that
+broke (training: from its last checkpoint). Once a stage runs, every stage after it runs too (they read its new
+outputs); a stage redone because its command or an earlier stage changed first removes what its last run left
+(`Stage.clears`: the model repository, the run folder, HumanEval's samples), which would otherwise refuse or
+mix with the new run.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Stage:
     outputs: list[Path]
     env: dict[str, str] = field(default_factory=dict)
     check: Callable[[], bool] | None = None  # extra completeness check beyond the outputs existing
+    # removed before the stage is redone from scratch (a path, or a glob pattern in its folder)
+    clears: list[Path] = field(default_factory=list)
 
 
 def _script(name: str) -> list[str]:
@@ -77,7 +84,7 @@ def data_stages(out: Path, export_args: list[str], model_config: Path) -> list[S
         Stage("tokenizer", [*_script("train_tokenizer.py"), "--dataset", str(clean / "train"), "--output-dir", str(tok),
                             "--valid-dataset", str(clean / "valid")], [tok / "tokenizer.json"]),
         Stage("initialize", [*_script("initialize_model.py"), "--model-config", str(model_config),
-                             "--tokenizer", str(tok), "--repo", str(repo)], [repo]),
+                             "--tokenizer", str(tok), "--repo", str(repo)], [repo], clears=[repo]),
         # The characters-per-token filter needs a tokenizer, which the demo trains only after preprocessing: a
         # second pass over the clean splits applies it. Every other decision is a function of the content, seed
         # and threshold (the split included), so the pass keeps each file's split and removes only the files
@@ -104,7 +111,8 @@ def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_proc
                         "--config", str(REPO_ROOT / "configs/train/tiny.yaml"),
                         "--model", str(repo), "--run_name", "demo-tiny", "--output_dir", str(run_dir),
                         "--data.train", str(tokens / "train"), "--data.valid", str(tokens / "valid"),
-                        "--max_minutes", str(train_minutes)], [run_dir / "final"], env=cpu_env),
+                        "--max_minutes", str(train_minutes), "--resume", "auto"], [run_dir / "final"], env=cpu_env,
+              clears=[run_dir]),
         Stage("plot-training", [*_script("plot.py"), "training", str(run_dir / "metrics.jsonl"),
                                 "--output-dir", str(plots)], [plots / "loss.png"]),
         Stage("checkpoints", [*_script("checkpoints.py"), "list", str(repo)], []),
@@ -121,7 +129,8 @@ def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_proc
         Stage("humaneval", [*_accelerate(1), str(REPO_ROOT / "scripts/human_eval.py"), "--model", str(repo),
                             "--revision", "demo-tiny", "--num-tasks", str(humaneval_tasks), "--n-samples", "10",
                             "--batch-size", "10", "--max-new-tokens", "96", "--allow-code-execution",
-                            "--output", str(out / "humaneval.json")], [out / "humaneval.json"], env=cpu_env),
+                            "--output", str(out / "humaneval.json")], [out / "humaneval.json"], env=cpu_env,
+              clears=[out / "humaneval.*"]),  # with its samples, which it would resume from
         *infill_stages(out, repo),
     ]
 
@@ -143,7 +152,8 @@ def infill_stages(out: Path, repo: Path) -> list[Stage]:
                                         "4", "--batch-size", "16", "--max-new-tokens", "48", "--k", "1",
                                         "--allow-code-execution", "--no-progress", "--output",
                                         str(out / "humaneval_single-line.json")],
-                        [out / "humaneval_single-line.json"], env={"ACCELERATE_USE_CPU": "1"}))
+                        [out / "humaneval_single-line.json"], env={"ACCELERATE_USE_CPU": "1"},
+                        clears=[out / "humaneval_single-line.*"]))
     return stages
 
 
@@ -151,24 +161,45 @@ def _marker(out: Path, stage: Stage) -> Path:
     return out / ".stages" / f"{stage.name}.json"
 
 
-def is_done(out: Path, stage: Stage) -> bool:
-    """Done = a completion record for this exact command, and every output still present."""
-    marker = _marker(out, stage)
-    if not marker.is_file():
-        return False
+def portable(command: list[str], out: Path) -> list[str]:
+    """`command` as its completion record keeps it: the output folder, the repository and the interpreter as
+    placeholders, so a moved output folder or another clone of the repository still matches."""
+    # the longest first: the output folder and the interpreter (.venv) may sit inside the repository
+    places = sorted([(str(out), "$OUT"), (str(REPO_ROOT), "$REPO"), (sys.executable, "$PYTHON")],
+                    key=lambda place: -len(place[0]))
+    return [next((name + arg[len(path):] for path, name in places if arg == path or arg.startswith(path + os.sep)),
+                 arg) for arg in command]
+
+
+def _recorded_command(out: Path, stage: Stage) -> list[str] | None:
     try:
-        record = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    if record.get("command") != stage.command:
+        return json.loads(_marker(out, stage).read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_done(out: Path, stage: Stage) -> bool:
+    """Done = a completion record for this command, and every output still present."""
+    if _recorded_command(out, stage) not in (portable(stage.command, out), stage.command):  # (older records: as is)
         return False
     if not all(p.exists() for p in stage.outputs):
         return False
     return stage.check() if stage.check else True
 
 
-def run_stage(out: Path, stage: Stage) -> float:
-    """Run one stage, streaming its output; raise with the stage name and exit code if it fails."""
+def clear(stage: Stage) -> None:
+    """Remove what the stage's last run left (`Stage.clears`) before it is redone from scratch."""
+    for path in stage.clears:
+        for found in sorted(path.parent.glob(path.name)) if "*" in path.name else [path]:
+            if found.is_dir() and not found.is_symlink():
+                shutil.rmtree(found)
+            elif found.exists() or found.is_symlink():
+                found.unlink()
+
+
+def run_stage(out: Path, stage: Stage, rerun: str = "make demo") -> float:
+    """Run one stage, streaming its output; raise with the stage name and exit code if it fails. `rerun`: the
+    make target that resumes the pipeline, named when the stage fails or is stopped."""
     print(f"\n=== [{stage.name}] $ {shlex.join(stage.command)}", flush=True)
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
@@ -178,12 +209,13 @@ def run_stage(out: Path, stage: Stage) -> float:
         result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
     seconds = time.perf_counter() - start
     if sigterm.received and result.returncode != 0:
-        print(f"demo stage '{stage.name}' was stopped (re-run `make demo` to resume from it)", file=sys.stderr)
+        print(f"{rerun.removeprefix('make ')} stage '{stage.name}' was stopped (re-run `{rerun}` to resume from it)",
+              file=sys.stderr)
         raise Terminated
     if result.returncode != 0:
-        raise CodeParrotError(f"demo stage '{stage.name}' failed with exit code {result.returncode} "
-                              f"(re-run `make demo` to resume from this stage)")
-    atomic_write_json(_marker(out, stage), {"command": stage.command, "seconds": round(seconds, 1),
+        raise CodeParrotError(f"{rerun.removeprefix('make ')} stage '{stage.name}' failed with exit code "
+                              f"{result.returncode} (re-run `{rerun}` to resume from this stage)")
+    atomic_write_json(_marker(out, stage), {"command": portable(stage.command, out), "seconds": round(seconds, 1),
                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
     return seconds
 
@@ -210,24 +242,32 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     stages = build_stages(out, train_minutes, humaneval_tasks, num_processes)
-    timings, reused = run_stages(out, stages, "make demo FRESH=1")
+    timings, reused = run_stages(out, stages, "make demo")
     print_summary(out, timings, reused)
     return timings
 
 
-def run_stages(out: Path, stages: list[Stage], redo_hint: str) -> tuple[dict[str, float], set[str]]:
-    """Run each stage not already done (`is_done`); (seconds per stage with "total", names of reused stages)."""
+def run_stages(out: Path, stages: list[Stage], rerun: str) -> tuple[dict[str, float], set[str]]:
+    """Run each stage not already done (`is_done`) and every stage after one that ran; (seconds per stage with
+    "total", names of reused stages). A stage that did not finish continues; one redone because its command or
+    an earlier stage changed starts from scratch (`clear`). `rerun`: the make target that resumes the pipeline
+    (`make demo`, `make gpu-data`), named in the messages."""
     timings: dict[str, float] = {}
     reused: set[str] = set()
     total = time.perf_counter()
+    earlier_ran = False
     for stage in stages:
-        if is_done(out, stage):
-            print(f"=== [{stage.name}] already complete, reusing it ({redo_hint} to redo)")
+        if not earlier_ran and is_done(out, stage):
+            print(f"=== [{stage.name}] already complete, reusing it ({rerun} FRESH=1 to redo)")
             # the time it took when it ran (its completion record), shown as reused: not "0 s"
             timings[stage.name] = recorded_seconds(out, stage)
             reused.add(stage.name)
             continue
-        timings[stage.name] = run_stage(out, stage)
+        if earlier_ran or _marker(out, stage).exists():  # its inputs or its command changed since its last run
+            _marker(out, stage).unlink(missing_ok=True)  # not done until it has run again
+            clear(stage)
+        earlier_ran = True
+        timings[stage.name] = run_stage(out, stage, rerun)
     timings["total"] = time.perf_counter() - total
     return timings, reused
 

@@ -54,7 +54,7 @@ def run_gpu_data(cfg: GpuDataConfig) -> Path:
     if cfg.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    timings, reused = run_stages(out, gpu_data_stages(cfg, out), "make gpu-data FRESH=1")
+    timings, reused = run_stages(out, gpu_data_stages(cfg, out), "make gpu-data")
     print(f"\ngpu data ready in {timings['total']:.0f} s ({len(reused)} stage(s) reused): model repository "
           f"{out / 'model-repo'}, tokens {out / 'tokens' / 'train'} and {out / 'tokens' / 'valid'}")
     return out
