@@ -47,8 +47,15 @@ class Terminated(KeyboardInterrupt):
     after Ctrl-C (ours and the libraries': worker pools, progress bars, servers) does the same for it."""
 
 
+# Whether `raise_terminated` ran: a library may turn the `Terminated` it raised into a KeyboardInterrupt of its own
+# (Ray's ray.get/ray.wait raise a new one when a signal handler raised inside them), which is still SIGTERM's stop.
+_sigterm_received = False
+
+
 def raise_terminated(signum, frame) -> None:
     """SIGTERM's handler in a CLI (`run_cli`): raise `Terminated` in the main thread."""
+    global _sigterm_received
+    _sigterm_received = True
     # Further SIGTERMs change nothing (a scheduler that signals the whole job and a parent that passes its own on
     # send two): the cleanup is not cut short. SIGKILL still ends it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -85,6 +92,8 @@ def add_error_listener(listener: Callable[[str], None]) -> None:
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's `main()`, turning `CodeParrotError`, Ctrl-C and SIGTERM into a one-line message and exit
     code."""
+    global _sigterm_received
+    _sigterm_received = False
     restore = _take_sigterm()
     try:
         code = main()
@@ -96,13 +105,13 @@ def run_cli(main: Callable[[], int | None]) -> None:
                 pass
         report_error_line(f"error: {err}")
         sys.exit(USER_ERROR_EXIT)
-    except Terminated:
+    except KeyboardInterrupt as err:
+        if not (isinstance(err, Terminated) or _sigterm_received):
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
         if is_main_launched_process():  # every process of a launched job gets its own SIGTERM
             print("stopped by SIGTERM", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
     finally:
         restore()
     sys.exit(code or 0)

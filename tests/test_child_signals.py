@@ -75,3 +75,41 @@ def test_a_waiting_cli_passes_sigterm_to_its_child_and_stops_itself_when_it_has_
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 143 and err == "stopped by SIGTERM\n", (out, err)
+
+
+def test_a_library_that_raises_its_own_keyboard_interrupt_for_sigterm_still_stops_as_sigterm(scripts_env):
+    """Ray's ray.get/ray.wait raise a new KeyboardInterrupt when a signal handler raised inside them: a SIGTERM
+    there is still `stopped by SIGTERM` (143), not Ctrl-C's `interrupted` (130)."""
+    proc = _start("""
+        import time
+        from codeparrot.errors import run_cli
+        def main():
+            try:
+                print("ready", flush=True)
+                time.sleep(60)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt() from None
+        run_cli(main)
+    """, scripts_env)
+    _wait_for(proc, "ready")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and err == "stopped by SIGTERM\n", (out, err)
+
+
+def test_a_stopped_gpu_data_stage_names_the_command_that_resumes_it(scripts_env, tmp_path):
+    """`make gpu-data` runs the demo's data stages: a stage it stops names `make gpu-data`, not `make demo`."""
+    proc = _start(f"""
+        import sys
+        from codeparrot.errors import run_cli
+        from codeparrot.tools import gpu_data
+        from codeparrot.tools.demo import Stage
+        child = "import time; print('stage ready', flush=True); time.sleep(60)"
+        gpu_data.gpu_data_stages = lambda cfg, out: [Stage("export", [sys.executable, "-c", child], [])]
+        run_cli(lambda: gpu_data.run_gpu_data(gpu_data.GpuDataConfig(output_dir={str(tmp_path / "out")!r})))
+    """, scripts_env)
+    _wait_for(proc, "stage ready")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and err.splitlines() == [
+        "gpu-data stage 'export' was stopped (re-run `make gpu-data` to resume from it)", "stopped by SIGTERM"], err

@@ -7,13 +7,23 @@ instance"), a Ray is started with `--num-workers` CPUs, no dashboard and no usag
 it (GCS, raylet, workers, runtime-env agent) listening on 127.0.0.1 only, and shut down at the end; a Ray
 already initialized in this process (tests) is used as is. `RAY_ADDRESS` in the environment does not turn a
 private start into a join: the start passes `address="local"` explicitly.
+
+SIGTERM (`run_cli`: the CLI unwinds, removes its temporary output, says `stopped by SIGTERM`, status 143): Ray
+takes it over. `ray.init` installs its own handler (`sys.exit(15)`: status 15, no message), its core adds a crash
+handler that prints a stack dump for it, and `ray.shutdown` leaves SIGTERM at its default action (what is left of
+the run is killed, its temporary output folder stays). A SIGTERM while Ray starts its processes also left some of
+them running after this process had gone. So `ray_init` holds a SIGTERM that arrives during the start and puts
+the CLI's handler back after it (then stops the Ray it started and passes the held SIGTERM on), and
+`ray_shutdown` puts it back after the shutdown.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from codeparrot.data.hub_input import HubInput
@@ -34,6 +44,49 @@ def is_private(cfg: PreprocessConfig) -> bool:
     return cfg.ray_address in PRIVATE_ADDRESSES
 
 
+def _reinstall_sigterm_handler() -> None:
+    """This process's Python SIGTERM handler installed again, in place of what Ray's core left at the C level (its
+    crash handler, or SIG_DFL after `ray.shutdown`). Only the main thread can; elsewhere nothing changes."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
+
+
+def ray_shutdown() -> None:
+    """`ray.shutdown()`, this process's SIGTERM handler kept (module docstring)."""
+    import ray
+
+    ray.shutdown()
+    _reinstall_sigterm_handler()
+
+
+def ray_init(**kwargs) -> None:
+    """`ray.init(**kwargs)` that keeps this process's SIGTERM handler (module docstring): a SIGTERM during the
+    start is held until Ray is up; then Ray is shut down and the SIGTERM goes to the handler put back."""
+    import ray
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread has signal handlers
+        ray.init(**kwargs)
+        return
+    ray_utils = getattr(getattr(ray, "_private", None), "utils", None)  # imported by `import ray`
+
+    held: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    rays_own = getattr(ray_utils, "set_sigterm_handler", None)  # what ray.init installs its own handler with
+    if rays_own is not None:
+        ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**kwargs)
+    finally:
+        if rays_own is not None:
+            ray_utils.set_sigterm_handler = rays_own
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)  # at the C level too
+        if held:
+            if ray.is_initialized():
+                ray_shutdown()  # before the stop unwinds: nothing of the Ray started here stays behind
+            signal.raise_signal(signal.SIGTERM)
+
+
 def start_local_ray(num_cpus: int) -> None:
     """Start a private, loopback-only Ray in this process: `num_cpus` CPUs, no dashboard, no usage stats.
     `LOCAL_RAY_ENV` must be in the environment before `ray` is first imported; a Ray whose node came up on
@@ -42,10 +95,10 @@ def start_local_ray(num_cpus: int) -> None:
         os.environ.update(LOCAL_RAY_ENV)
     import ray
 
-    ray.init(address="local", num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
+    ray_init(address="local", num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
     address = ray.util.get_node_ip_address()
     if not ipaddress.ip_address(address).is_loopback:
-        ray.shutdown()
+        ray_shutdown()
         raise CodeParrotError(f"the local Ray came up on {address}, not on loopback: ray was imported before "
                               f"{' and '.join(f'{k}={v}' for k, v in LOCAL_RAY_ENV.items())} were set")
 
@@ -65,7 +118,7 @@ def start_ray(cfg: PreprocessConfig) -> bool:
         start_local_ray(cfg.num_workers)
         return True
     try:
-        ray.init(address=cfg.ray_address, log_to_driver=False)
+        ray_init(address=cfg.ray_address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise CodeParrotError(f"cannot join the Ray cluster at {cfg.ray_address}: {first_line(err)}") from None
     return True

@@ -68,7 +68,7 @@ from codeparrot.data.hub_input import HubInput
 from codeparrot.data.preprocess_config import PreprocessConfig
 from codeparrot.data.preprocess_stats import Totals, build_stats, write_clusters
 from codeparrot.data.ray_blocks import ray_task, rows_with_ids
-from codeparrot.data.ray_cluster import check_nodes, is_private, start_ray
+from codeparrot.data.ray_cluster import check_nodes, is_private, ray_shutdown, start_ray
 from codeparrot.data.ray_near_dedup import near_dedup
 from codeparrot.data.ray_pass1 import concat_sorted, read_and_filter
 from codeparrot.data.ray_read import ExactDedup, read_units
@@ -144,9 +144,7 @@ def run(job: EngineJob) -> EngineOutput:
         return _run(job.cfg, job.paths, job.worker, job.tmp, job.start)
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            ray_shutdown()
 
 
 def _run(cfg: PreprocessConfig, paths: list[Path | HubInput], worker: ChunkWorker, tmp: Path,
