@@ -113,3 +113,21 @@ def test_a_stopped_gpu_data_stage_names_the_command_that_resumes_it(scripts_env,
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 143 and err.splitlines() == [
         "gpu-data stage 'export' was stopped (re-run `make gpu-data` to resume from it)", "stopped by SIGTERM"], err
+
+
+def test_outside_a_cli_a_sigterm_with_no_child_keeps_its_default_action(scripts_env):
+    # a notebook or a test calling run_stages / launch() directly: nothing ignored afterwards, the default kept
+    proc = _start("""
+        import signal, time
+        from codeparrot.child_signals import sigterm_passed_to_children
+        with sigterm_passed_to_children():
+            pass
+        print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
+        with sigterm_passed_to_children():
+            print("no child", flush=True)
+            time.sleep(60)
+    """, scripts_env)
+    assert _wait_for(proc, "no child") == ["True", "no child"]
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM

@@ -12,9 +12,9 @@ SIGTERM (`run_cli`: the CLI unwinds, removes its temporary output, says `stopped
 takes it over. `ray.init` installs its own handler (`sys.exit(15)`: status 15, no message), its core adds a crash
 handler that prints a stack dump for it, and `ray.shutdown` leaves SIGTERM at its default action (what is left of
 the run is killed, its temporary output folder stays). A SIGTERM while Ray starts its processes also left some of
-them running after this process had gone. So `ray_init` holds a SIGTERM that arrives during the start and puts
-the CLI's handler back after it (then stops the Ray it started and passes the held SIGTERM on), and
-`ray_shutdown` puts it back after the shutdown.
+them running after this process had gone. So `ray_init` keeps Ray from installing its handler and puts the CLI's
+back after the start, holding a SIGTERM that arrives while a private Ray starts (then it stops that Ray and
+passes the held SIGTERM on; a join is stopped at once), and `ray_shutdown` puts it back after the shutdown.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def ray_shutdown() -> None:
     _reinstall_sigterm_handler()
 
 
-def ray_init(**kwargs) -> None:
-    """`ray.init(**kwargs)` that keeps this process's SIGTERM handler (module docstring): a SIGTERM during the
-    start is held until Ray is up; then Ray is shut down and the SIGTERM goes to the handler put back."""
+def ray_init(hold_sigterm: bool, **kwargs) -> None:
+    """`ray.init(**kwargs)` that keeps this process's SIGTERM handler (module docstring). `hold_sigterm` (a
+    private Ray started here): a SIGTERM during the start is held until Ray is up, then that Ray is shut down and
+    the SIGTERM goes to the handler put back. Without it (a join: nothing is started here) the handler acts at
+    once, also during a join to an address that never answers."""
     import ray
 
     if threading.current_thread() is not threading.main_thread():  # only the main thread has signal handlers
@@ -71,7 +73,9 @@ def ray_init(**kwargs) -> None:
     ray_utils = getattr(getattr(ray, "_private", None), "utils", None)  # imported by `import ray`
 
     held: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    previous = signal.getsignal(signal.SIGTERM)
+    if hold_sigterm:
+        signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     rays_own = getattr(ray_utils, "set_sigterm_handler", None)  # what ray.init installs its own handler with
     if rays_own is not None:
         ray_utils.set_sigterm_handler = lambda handler: None
@@ -95,7 +99,7 @@ def start_local_ray(num_cpus: int) -> None:
         os.environ.update(LOCAL_RAY_ENV)
     import ray
 
-    ray_init(address="local", num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
+    ray_init(True, address="local", num_cpus=max(num_cpus, 1), include_dashboard=False, log_to_driver=False)
     address = ray.util.get_node_ip_address()
     if not ipaddress.ip_address(address).is_loopback:
         ray_shutdown()
@@ -118,7 +122,7 @@ def start_ray(cfg: PreprocessConfig) -> bool:
         start_local_ray(cfg.num_workers)
         return True
     try:
-        ray_init(address=cfg.ray_address, log_to_driver=False)
+        ray_init(False, address=cfg.ray_address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise CodeParrotError(f"cannot join the Ray cluster at {cfg.ray_address}: {first_line(err)}") from None
     return True

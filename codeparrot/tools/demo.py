@@ -5,10 +5,10 @@ worked example. A stage is skipped when its completion record `<out>/.stages/<na
 for the same command (paths taken relative to the output folder, the repository and the interpreter, so a moved
 folder or another clone still counts), and the stage's outputs are still there; `--fresh` redoes everything.
 Each stage's outputs are written atomically by the stage itself, so an interrupted demo resumes at the stage that
-broke (training: from its last checkpoint). Once a stage runs, every stage after it runs too (they read its new
-outputs); a stage redone because its command or an earlier stage changed first removes what its last run left
-(`Stage.clears`: the model repository, the run folder, HumanEval's samples), which would otherwise refuse or
-mix with the new run.
+broke: training and HumanEval continue their stopped run when started again with the same command. Once a
+stage runs, every stage after it runs too (they read its new outputs); any other stage that runs starts from
+scratch, having removed what its last run left (`Stage.clears`: the model repository, the run folder,
+HumanEval's samples), which would otherwise refuse or mix with the new run.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class Stage:
     check: Callable[[], bool] | None = None  # extra completeness check beyond the outputs existing
     # removed before the stage is redone from scratch (a path, or a glob pattern in its folder)
     clears: list[Path] = field(default_factory=list)
+    # it continues its own unfinished run (training: --resume auto; HumanEval: its samples) when started again
+    # with the same command; any other stage starts from scratch every time it runs
+    resumes: bool = False
 
 
 def _script(name: str) -> list[str]:
@@ -112,7 +115,7 @@ def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_proc
                         "--model", str(repo), "--run_name", "demo-tiny", "--output_dir", str(run_dir),
                         "--data.train", str(tokens / "train"), "--data.valid", str(tokens / "valid"),
                         "--max_minutes", str(train_minutes), "--resume", "auto"], [run_dir / "final"], env=cpu_env,
-              clears=[run_dir]),
+              clears=[run_dir], resumes=True),
         Stage("plot-training", [*_script("plot.py"), "training", str(run_dir / "metrics.jsonl"),
                                 "--output-dir", str(plots)], [plots / "loss.png"]),
         Stage("checkpoints", [*_script("checkpoints.py"), "list", str(repo)], []),
@@ -130,7 +133,7 @@ def build_stages(out: Path, train_minutes: float, humaneval_tasks: int, num_proc
                             "--revision", "demo-tiny", "--num-tasks", str(humaneval_tasks), "--n-samples", "10",
                             "--batch-size", "10", "--max-new-tokens", "96", "--allow-code-execution",
                             "--output", str(out / "humaneval.json")], [out / "humaneval.json"], env=cpu_env,
-              clears=[out / "humaneval.*"]),  # with its samples, which it would resume from
+              clears=[out / "humaneval.*"], resumes=True),  # with its samples, which it resumes from
         *infill_stages(out, repo),
     ]
 
@@ -153,7 +156,7 @@ def infill_stages(out: Path, repo: Path) -> list[Stage]:
                                         "--allow-code-execution", "--no-progress", "--output",
                                         str(out / "humaneval_single-line.json")],
                         [out / "humaneval_single-line.json"], env={"ACCELERATE_USE_CPU": "1"},
-                        clears=[out / "humaneval_single-line.*"]))
+                        clears=[out / "humaneval_single-line.*"], resumes=True))
     return stages
 
 
@@ -171,16 +174,24 @@ def portable(command: list[str], out: Path) -> list[str]:
                  arg) for arg in command]
 
 
-def _recorded_command(out: Path, stage: Stage) -> list[str] | None:
+def _record(out: Path, stage: Stage) -> dict:
+    """The stage's record: {"command", "finished": None while it runs (a stop leaves that), then the time,
+    "seconds"}; {} when there is none."""
     try:
-        return json.loads(_marker(out, stage).read_text()).get("command")
-    except (OSError, ValueError, AttributeError):
-        return None
+        record = json.loads(_marker(out, stage).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _same_command(record: dict, out: Path, stage: Stage) -> bool:
+    return record.get("command") in (portable(stage.command, out), stage.command)  # (older records: as is)
 
 
 def is_done(out: Path, stage: Stage) -> bool:
-    """Done = a completion record for this command, and every output still present."""
-    if _recorded_command(out, stage) not in (portable(stage.command, out), stage.command):  # (older records: as is)
+    """Done = a record of this command that finished, and every output still present."""
+    record = _record(out, stage)
+    if not (_same_command(record, out, stage) and record.get("finished")):
         return False
     if not all(p.exists() for p in stage.outputs):
         return False
@@ -204,19 +215,21 @@ def run_stage(out: Path, stage: Stage, rerun: str = "make demo") -> float:
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
                 "TOKENIZERS_PARALLELISM": "false", **stage.env})
+    atomic_write_json(_marker(out, stage), {"command": portable(stage.command, out), "finished": None})
     start = time.perf_counter()
     with sigterm_passed_to_children() as sigterm:  # the stage stops its own way (training: with a checkpoint)
         result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
     seconds = time.perf_counter() - start
-    if sigterm.received and result.returncode != 0:
-        print(f"{rerun.removeprefix('make ')} stage '{stage.name}' was stopped (re-run `{rerun}` to resume from it)",
-              file=sys.stderr)
+    if result.returncode == 0:
+        atomic_write_json(_marker(out, stage), {"command": portable(stage.command, out), "seconds": round(seconds, 1),
+                                                "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+    pipeline = rerun.removeprefix("make ")
+    if sigterm.received:  # also when the stage still finished: the stop is for the whole pipeline
+        print(f"{pipeline} stage '{stage.name}' was stopped (re-run `{rerun}` to resume from it)", file=sys.stderr)
         raise Terminated
     if result.returncode != 0:
-        raise CodeParrotError(f"{rerun.removeprefix('make ')} stage '{stage.name}' failed with exit code "
-                              f"{result.returncode} (re-run `{rerun}` to resume from this stage)")
-    atomic_write_json(_marker(out, stage), {"command": portable(stage.command, out), "seconds": round(seconds, 1),
-                                            "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+        raise CodeParrotError(f"{pipeline} stage '{stage.name}' failed with exit code {result.returncode} "
+                              f"(re-run `{rerun}` to resume from this stage)")
     return seconds
 
 
@@ -249,9 +262,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, float]:
 
 def run_stages(out: Path, stages: list[Stage], rerun: str) -> tuple[dict[str, float], set[str]]:
     """Run each stage not already done (`is_done`) and every stage after one that ran; (seconds per stage with
-    "total", names of reused stages). A stage that did not finish continues; one redone because its command or
-    an earlier stage changed starts from scratch (`clear`). `rerun`: the make target that resumes the pipeline
-    (`make demo`, `make gpu-data`), named in the messages."""
+    "total", names of reused stages). A stage that resumes (`Stage.resumes`) and was stopped continues, if its
+    command is the same and no stage before it ran; every other stage that runs starts from scratch (`clear`).
+    `rerun`: the make target that resumes the pipeline (`make demo`, `make gpu-data`), named in the messages."""
     timings: dict[str, float] = {}
     reused: set[str] = set()
     total = time.perf_counter()
@@ -263,8 +276,10 @@ def run_stages(out: Path, stages: list[Stage], rerun: str) -> tuple[dict[str, fl
             timings[stage.name] = recorded_seconds(out, stage)
             reused.add(stage.name)
             continue
-        if earlier_ran or _marker(out, stage).exists():  # its inputs or its command changed since its last run
-            _marker(out, stage).unlink(missing_ok=True)  # not done until it has run again
+        record = _record(out, stage)
+        continues = (stage.resumes and not earlier_ran and _same_command(record, out, stage)
+                     and not record.get("finished"))
+        if not continues:  # its command, its inputs or its outputs changed since it last ran
             clear(stage)
         earlier_ran = True
         timings[stage.name] = run_stage(out, stage, rerun)
@@ -275,6 +290,6 @@ def run_stages(out: Path, stages: list[Stage], rerun: str) -> tuple[dict[str, fl
 def recorded_seconds(out: Path, stage: Stage) -> float:
     """How long `stage` took when it ran, from its completion record (0 when the record does not say)."""
     try:
-        return float(json.loads(_marker(out, stage).read_text()).get("seconds", 0.0))
-    except (OSError, ValueError, TypeError):
+        return float(_record(out, stage).get("seconds", 0.0))
+    except (ValueError, TypeError):
         return 0.0

@@ -27,7 +27,7 @@ import subprocess
 import sys
 
 from codeparrot.child_signals import sigterm_passed_to_children
-from codeparrot.errors import LAUNCHER_REPORTS_ENV, REPORTED_EXITS, USER_ERROR_EXIT, Terminated
+from codeparrot.errors import LAUNCHER_REPORTS_ENV, PREEMPTED_EXIT, REPORTED_EXITS, USER_ERROR_EXIT, Terminated
 
 # torch elastic's loggers report each failed process ("failed (exitcode: 2) local_rank: 0 ...") and the
 # SIGTERM it sends the other ranks; the one-line summary below says the same once.
@@ -90,10 +90,11 @@ def launch(argv: list[str]) -> int:
     # read by run_cli in the processes; it only holds back its print where torch elastic gave an error file
     # (the multi-process launchers), the one-process launcher lets the process print
     os.environ[LAUNCHER_REPORTS_ENV] = "1"
+    sigterm = None
     try:
         # accelerate's one-process launcher leaves SIGTERM to kill it and orphan the run: pass it on (the run saves a
         # checkpoint and leaves with 143); several processes: torch elastic's agent takes it over and forwards it
-        with sigterm_passed_to_children():
+        with sigterm_passed_to_children() as sigterm:
             launch_command(args)
     except ChildFailedError as err:
         # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
@@ -112,6 +113,10 @@ def launch(argv: list[str]) -> int:
         # a signal has a negative code; leave with the shell's 128 + signal convention
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     except subprocess.CalledProcessError as err:  # the one-process launcher
+        if sigterm is not None and sigterm.received and err.returncode == -signal.SIGTERM:
+            # the SIGTERM passed on reached the run before it took SIGTERM over (while it imported torch): a stop
+            print("stopped by SIGTERM", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
         line = failure_line(script, None, err.returncode)
         if line:
             print(line, file=sys.stderr, flush=True)

@@ -24,6 +24,8 @@ def init(**kwargs):
         sys.exit(signum)
     _private.utils.set_sigterm_handler(sigterm_handler)
     print("ray starting", flush=True)
+    if os.environ.get("FAKE_RAY_JOIN_HANGS"):  # an address that never answers: Ray retries for minutes
+        time.sleep(60)
     if os.environ.get("FAKE_RAY_SIGTERM_DURING_INIT"):
         os.kill(os.getpid(), signal.SIGTERM)  # as if sent while the GCS and raylet start
     time.sleep(0.2)
@@ -98,3 +100,13 @@ def test_a_sigterm_after_ray_ran_still_unwinds_the_cli(tmp_path, scripts_env):
         run_cli(main)
     """, tmp_path, scripts_env, signal_after="ready")
     assert (code, err) == (143, "stopped by SIGTERM\n") and out.endswith("ready\ncleaned up\n"), (code, out, err)
+
+
+def test_a_sigterm_during_a_join_that_never_answers_stops_the_cli_at_once(tmp_path, scripts_env):
+    # nothing is started here to stop first: the CLI's own stop, not a hold until the join gives up
+    code, out, err = _run("""
+        from codeparrot.data.ray_cluster import ray_init
+        from codeparrot.errors import run_cli
+        run_cli(lambda: ray_init(False, address="127.0.0.1:6999"))
+    """, tmp_path, scripts_env, signal_after="ray starting", FAKE_RAY_JOIN_HANGS="1")
+    assert (code, err) == (143, "stopped by SIGTERM\n"), (code, out, err)
