@@ -24,6 +24,8 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.problems import default_problems_file, load_problems
 from codeparrot.sandbox import Program, Sandbox, SandboxConfig
 
+from .test_process_ownership import PRIVATE_MOUNTS
+
 PACKAGED = str(default_problems_file())
 # Reads the answer key from wherever `_open()` finds it (gzip or plain JSON lines) and answers with the task's
 # canonical solution: it passes exactly when the key was readable.
@@ -163,17 +165,6 @@ def test_the_guard_refuses_the_answer_key_outside_the_minimal_view(key_files):
     assert results["a hard link to the --problems file"].detail.startswith("sandbox refused open of the answer key")
     assert set(key["covered"]) == set(key["paths"]) and key["hidden_by"] == ["mounts", "guard"], key
 
-
-# A program's first lines for the tests that mount: its own mount namespace, nothing propagating to the host's
-# (or a JSON skip line saying why it cannot).
-PRIVATE_MOUNTS = r'''
-libc = ctypes.CDLL(None, use_errno=True)
-def ok(ret, what):
-    if ret != 0:
-        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
-ok(libc.unshare(0x00020000), "no mount namespace")
-ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
-'''
 
 # In a private mount namespace of this script (nothing changes for anyone else): an answer file inside the
 # standard library folder (an overlay over it, the file in the overlay's upper layer), that folder 0711, so

@@ -13,8 +13,20 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
+
+# A program's first lines for the tests that mount (after `import ctypes, json, os, sys`): its own mount
+# namespace, nothing propagating to the host's (or a JSON skip line saying why it cannot).
+PRIVATE_MOUNTS = r'''
+libc = ctypes.CDLL(None, use_errno=True)
+def ok(ret, what):
+    if ret != 0:
+        print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
+ok(libc.unshare(0x00020000), "no mount namespace")
+ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
+'''
 
 # As root, become an unprivileged uid first (in a mount namespace of our own where the interpreter stays
 # reachable when it lives under a 0700 home such as /root): the Sandbox then takes its unprivileged path, a
@@ -22,13 +34,7 @@ import pytest
 AS_UNPRIVILEGED = r'''
 import ctypes, json, os, sys
 UNPRIVILEGED = 1999999937
-if os.geteuid() == 0:
-    libc = ctypes.CDLL(None, use_errno=True)
-    def ok(ret, what):
-        if ret != 0:
-            print(json.dumps({"skip": what + ": " + os.strerror(ctypes.get_errno())})); sys.exit()
-    ok(libc.unshare(0x00020000), "no mount namespace")
-    ok(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "mount --make-rprivate /")
+if os.geteuid() == 0:''' + textwrap.indent(PRIVATE_MOUNTS, "    ") + r'''
     path, blocked = os.path.realpath(sys.base_prefix), None
     while path != "/":
         if not os.stat(path).st_mode & 0o001:
