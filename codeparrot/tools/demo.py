@@ -215,13 +215,14 @@ def run_stage(out: Path, stage: Stage, rerun: str = "make demo") -> float:
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
                 "TOKENIZERS_PARALLELISM": "false", **stage.env})
-    atomic_write_json(_marker(out, stage), {"command": portable(stage.command, out), "finished": None})
+    command = portable(stage.command, out)
+    atomic_write_json(_marker(out, stage), {"command": command, "finished": None})
     start = time.perf_counter()
     with sigterm_passed_to_children() as sigterm:  # the stage stops its own way (training: with a checkpoint)
         result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
     seconds = time.perf_counter() - start
     if result.returncode == 0:
-        atomic_write_json(_marker(out, stage), {"command": portable(stage.command, out), "seconds": round(seconds, 1),
+        atomic_write_json(_marker(out, stage), {"command": command, "seconds": round(seconds, 1),
                                                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
     pipeline = rerun.removeprefix("make ")
     if sigterm.received:  # also when the stage still finished: the stop is for the whole pipeline
