@@ -10,8 +10,9 @@ launcher's own failure report comes after it; `scripts/launch.py` (accelerate's 
 replaces that report so the `error:` line stays the last thing printed.
 
 SIGTERM (`kill`, a scheduler's stop) unwinds a CLI the way Ctrl-C does: temporary outputs are removed, child
-processes and sandboxes stopped, `finally` blocks run; then `stopped by SIGTERM` and status 143. A script that
-takes SIGTERM over itself (a training run saves a checkpoint first; the server finishes its requests) keeps it.
+processes and sandboxes stopped, `finally` blocks run; then `stopped by SIGTERM` (not in a process of a
+multi-process launch: its launcher reports) and status 143. A script that takes SIGTERM over itself (a training run
+saves a checkpoint first; the server finishes its requests) keeps it.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def run_cli(main: Callable[[], int | None]) -> None:
         if not (isinstance(err, Terminated) or _sigterm_received):
             print("interrupted", file=sys.stderr)
             sys.exit(130)
-        if is_main_launched_process():  # every process of a launched job gets its own SIGTERM
+        # Under torch elastic's agent (a multi-process launch) the SIGTERM is the agent's: it stops the other
+        # processes when one failed (that one's error is the news), or passes on its own, which it reports itself.
+        if "TORCHELASTIC_RUN_ID" not in os.environ and is_main_launched_process():
             print("stopped by SIGTERM", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT)
     finally:

@@ -131,3 +131,19 @@ def test_outside_a_cli_a_sigterm_with_no_child_keeps_its_default_action(scripts_
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGTERM
+
+
+def test_a_process_of_a_multi_process_launch_leaves_the_sigterm_line_to_its_launcher(scripts_env):
+    # torch elastic SIGTERMs the other processes when one fails: that one's error is the only line to show
+    proc = _start("""
+        import time
+        from codeparrot.errors import run_cli
+        def main():
+            print("ready", flush=True)
+            time.sleep(60)
+        run_cli(main)
+    """, {**scripts_env, "TORCHELASTIC_RUN_ID": "none", "RANK": "0"})
+    _wait_for(proc, "ready")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and err == "", (out, err)
