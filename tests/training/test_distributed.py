@@ -14,15 +14,17 @@ import yaml
 
 from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
-from codeparrot.tools.toy_run import build_toy_run
+from codeparrot.tools.toy_run import build_toy_run, write_shards
 
 pytestmark = pytest.mark.slow(50)  # 2-process launches: first in `make test`'s order
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, stdlib_texts):
-    """A toy run with pretokenized train/valid data; seq_length chosen so the valid split has an odd number of
-    sequences (the two ranks then hold different counts)."""
+    """A toy run with pretokenized train/valid data; seq_length chosen so the valid split has 4k + 1 sequences:
+    rank 0 then holds 2k + 1 and rank 1 2k, one more batch of 2 (eval.micro_batch_size), so rank 1 forwards a
+    dummy batch while rank 0 still has data. The valid split is the first 3 of the toy's 6 validation files
+    (~6,800 tokens, ~200 sequences, not the ~900 of all 6): both runs below evaluate every sequence of it."""
     from codeparrot.tokenizer import load_tokenizer
     from codeparrot.training.datasets.pretokenize import pretokenize
     from codeparrot.training.datasets.pretokenized import read_index
@@ -32,9 +34,10 @@ def setup(tmp_path_factory, stdlib_texts):
     train_tokens = toy.root / "tokens" / "train"
     valid_tokens = toy.root / "tokens" / "valid"
     pretokenize(str(toy.train_data), tokenizer, train_tokens, progress=False)
-    pretokenize(str(toy.valid_data), tokenizer, valid_tokens, progress=False)
+    valid_texts = write_shards(stdlib_texts[:3], toy.root / "data" / "valid-3")  # the toy's valid files 1-3
+    pretokenize(str(valid_texts), tokenizer, valid_tokens, progress=False)
     n_valid = read_index(valid_tokens)["n_tokens"]
-    seq_length = next(L for L in range(32, 128) if (n_valid // L) % 2 == 1 and n_valid // L >= 3)
+    seq_length = next(L for L in range(32, 128) if (n_valid // L) % 4 == 1)
     return toy, str(train_tokens), str(valid_tokens), seq_length, n_valid // seq_length
 
 
@@ -70,7 +73,9 @@ def test_ranks_read_disjoint_parts(setup):
     everything = [tuple(x.tolist()) for x in build_datasets(cfg, tokenizer, 0, 1)[1]]
     assert not set(per_rank[0]) & set(per_rank[1])
     assert sorted(per_rank[0] + per_rank[1]) == sorted(everything)
-    assert len(per_rank[0]) != len(per_rank[1])  # the case the evaluation protocol exists for
+    # the case the evaluation protocol exists for: one rank has a batch (of eval.micro_batch_size 2) the other lacks
+    assert [len(sequences) for sequences in per_rank] == [len(everything) // 2 + 1, len(everything) // 2]
+    assert len(per_rank[0]) % 2 == 1
 
 
 def test_two_processes_equal_one_process_accumulating(setup, tmp_path, repo_root, scripts_env, launch_port):

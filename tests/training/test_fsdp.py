@@ -11,7 +11,10 @@ LM-head loss), `--resume auto` from a sharded checkpoint continues exactly, and 
 <run>/logs/rank-N.log.
 
 The references run in this test process (`train()` on one process): a launch costs three interpreters that each
-import torch and transformers, about 30 s of CPU on the 2-core test machine."""
+import torch and transformers, about 17 s of CPU on the 2-core test machine. The three launches that follow the
+first (the resume, the bf16 run, the failing resume) run one after another in one case driver
+(tests/script_cases.py): each is its own `accelerate launch` command line and starts its own 2 processes, but the
+launcher's interpreter (its torch import, ~2.7 s of CPU) is paid once, not three times."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +30,8 @@ import yaml
 
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
+
+from ..script_cases import run_cases
 
 pytestmark = pytest.mark.slow(150)  # 2-process FSDP and DDP launches: first in `make test`'s order
 
@@ -51,18 +57,33 @@ def _write_config(toy, folder, name: str, **overrides) -> tuple[object, str]:
     return cfg, str(path)
 
 
-def _launch(repo_root, env, config: str, fsdp: bool, *extra: str, port: int, precision: str = "no") -> subprocess.Popen:
-    mode = ["--config_file", str(repo_root / "configs" / "accelerate" / "fsdp.yaml")] if fsdp else [
-        "--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
-    command = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2",
-               "--mixed_precision", precision, "--main_process_port", str(port),
-               str(repo_root / "scripts" / "train.py"), "--config", config, *extra]
+# `python -m accelerate.commands.launch ARGV` as a script the case driver can run: the same runpy call `-m` makes
+ACCELERATE_LAUNCH = ("import runpy\n"
+                     "runpy.run_module('accelerate.commands.launch', run_name='__main__', alter_sys=True)\n")
+
+
+def _launch_argv(repo_root, config: str, *extra: str, port: int, precision: str = "no") -> list[str]:
+    """`accelerate launch`'s arguments for a 2-process FSDP training with `config`."""
+    return ["--config_file", str(repo_root / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", "2",
+            "--mixed_precision", precision, "--main_process_port", str(port),
+            str(repo_root / "scripts" / "train.py"), "--config", config, *extra]
+
+
+def _launch(repo_root, env, config: str, *extra: str, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "accelerate.commands.launch", *_launch_argv(repo_root, config, *extra, port=port)]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _finish(process: subprocess.Popen) -> str:
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0, out
+    return out
+
+
+def _succeeded(done: subprocess.CompletedProcess) -> str:
+    """The output of a launch the case driver ran, which must have succeeded."""
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
     return out
 
 
@@ -93,7 +114,7 @@ def _weights(folder):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, stdlib_texts, repo_root, launch_port):
     """The same 4-step training as FSDP (pushing to the run branch), launched, and as one process accumulating
-    the same global batch, here, while the launch runs."""
+    the same global batch, here, while the launch runs; so is the bf16 reference (`later`)."""
     import os
 
     from codeparrot.tokenizer import load_tokenizer
@@ -107,9 +128,49 @@ def runs(tmp_path_factory, stdlib_texts, repo_root, launch_port):
     env = {**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     fsdp_cfg, fsdp_path = _write_config(toy, root, "fsdp", **FSDP, **{"checkpoint.push": True})
     one_cfg, _ = _write_config(toy, root, "one", **ONE_PROCESS)
-    fsdp = _launch(repo_root, env, fsdp_path, True, port=launch_port())
+    one_bf16_cfg, _ = _write_config(toy, root, "one-bf16", mixed_precision="bf16", **ONE_PROCESS)
+    fsdp = _launch(repo_root, env, fsdp_path, port=launch_port())
     _train_here(one_cfg)
-    return {"toy": toy, "root": root, "env": env, "fsdp": (fsdp_cfg, _finish(fsdp)), "one": one_cfg}
+    _train_here(one_bf16_cfg)
+    return {"toy": toy, "root": root, "env": env, "fsdp": (fsdp_cfg, _finish(fsdp)), "one": one_cfg,
+            "one-bf16": one_bf16_cfg}
+
+
+def _fresh_run_holding_step_2(runs, folder: Path):
+    """The FSDP run's config in a fresh run folder (same run name, no push) that holds only its step-2 checkpoint;
+    (config, its YAML path, the checkpoint there)."""
+    fsdp_cfg, _ = runs["fsdp"]
+    folder.mkdir()
+    cfg, path = _write_config(runs["toy"], folder, "fsdp", **FSDP)
+    checkpoint = cfg.run_dir() / "checkpoints" / "step-2"
+    shutil.copytree(fsdp_cfg.run_dir() / "checkpoints" / "step-2", checkpoint)
+    return cfg, path, checkpoint
+
+
+@pytest.fixture(scope="module")
+def later(runs, tmp_path_factory, repo_root, launch_port):
+    """The launches that start once `runs`' launch has finished, each its own `accelerate launch` command line, run
+    in this order by one case driver: "resume" (a fresh run folder holding only the sharded step-2 checkpoint,
+    `--resume auto`), "bf16" (the 4-step training in bf16, fresh) and "rank1-fails" (like "resume", but rank 1's
+    saved data position is not a loader state: it alone fails, last, so that no launch follows a failed one).
+    `{name: (config, CompletedProcess)}`."""
+    from codeparrot.training.checkpointing import write_manifest
+
+    root = tmp_path_factory.mktemp("fsdp-later")
+    resume_cfg, resume_path, _ = _fresh_run_holding_step_2(runs, root / "resume")
+    bf16_cfg, bf16_path = _write_config(runs["toy"], root, "fsdp-bf16")
+    failing_cfg, failing_path, checkpoint = _fresh_run_holding_step_2(runs, root / "rank1-fails")
+    torch.save(["not", "a", "loader", "state"], checkpoint / "training_state" / "data_rank1.pt")
+    (checkpoint / "manifest.json").unlink()
+    write_manifest(checkpoint)  # consistent on disk: only rank 1's content is wrong
+    launches = {"resume": (resume_cfg, _launch_argv(repo_root, resume_path, "--resume", "auto", port=launch_port())),
+                "bf16": (bf16_cfg, _launch_argv(repo_root, bf16_path, precision="bf16", port=launch_port())),
+                "rank1-fails": (failing_cfg, _launch_argv(repo_root, failing_path, "--resume", "auto",
+                                                          port=launch_port()))}
+    shim = root / "accelerate_launch.py"
+    shim.write_text(ACCELERATE_LAUNCH, encoding="utf-8")
+    done = run_cases(sys.executable, runs["env"], [(shim, argv) for _, argv in launches.values()], timeout=900)
+    return {name: (cfg, result) for (name, (cfg, _)), result in zip(launches.items(), done)}
 
 
 def test_fsdp_shards_and_matches_one_process(runs):
@@ -139,13 +200,12 @@ def test_fsdp_shards_and_matches_one_process(runs):
     assert sorted(tuple(chunk.sizes) for chunk in wte.chunks) == [(200, 64), (200, 64)]
 
 
-def test_fsdp_resume_auto_continues_exactly(runs, tmp_path, repo_root, launch_port):
+def test_fsdp_resume_auto_continues_exactly(runs, later):
     """A fresh run folder holding only the sharded step-2 checkpoint resumes to step 4 with the losses and the
     final weights of the uninterrupted run."""
     fsdp_cfg, _ = runs["fsdp"]
-    cfg, path = _write_config(runs["toy"], tmp_path, "fsdp", **FSDP)  # same run name, another folder, no push
-    shutil.copytree(fsdp_cfg.run_dir() / "checkpoints" / "step-2", cfg.run_dir() / "checkpoints" / "step-2")
-    out = _finish(_launch(repo_root, runs["env"], path, True, "--resume", "auto", port=launch_port()))
+    cfg, done = later["resume"]
+    out = _succeeded(done)
     assert "resumed from" in out and "step 2" in out, out
     resumed, uninterrupted = _losses(cfg.run_dir()), _losses(fsdp_cfg.run_dir())
     assert sorted(resumed) == [3, 4]
@@ -170,40 +230,28 @@ def test_fsdp_push_is_a_full_model(runs):
         assert torch.equal(state[key], value), key
 
 
-def test_non_main_rank_error_goes_to_its_rank_log(runs, tmp_path, repo_root, launch_port):
+def test_non_main_rank_error_goes_to_its_rank_log(later):
     """Rank 1 alone fails (its saved data position is not a loader state): the `error:` line, printed by the
     main process only, is in logs/rank-1.log."""
-    from codeparrot.training.checkpointing import write_manifest
-
-    fsdp_cfg, _ = runs["fsdp"]
-    cfg, path = _write_config(runs["toy"], tmp_path, "fsdp", **FSDP)  # a fresh run folder holding step 2
-    checkpoint = cfg.run_dir() / "checkpoints" / "step-2"
-    shutil.copytree(fsdp_cfg.run_dir() / "checkpoints" / "step-2", checkpoint)
-    torch.save(["not", "a", "loader", "state"], checkpoint / "training_state" / "data_rank1.pt")
-    (checkpoint / "manifest.json").unlink()
-    write_manifest(checkpoint)  # consistent on disk: only rank 1's content is wrong
-    process = _launch(repo_root, runs["env"], path, True, "--resume", "auto", port=launch_port())
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode != 0, out
+    cfg, done = later["rank1-fails"]
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
     rank1 = (cfg.run_dir() / "logs" / "rank-1.log").read_text()
     assert "ERROR codeparrot: error: data loader state is a list, not a dict" in rank1, rank1
     assert "data loader state is a list" not in (cfg.run_dir() / "logs" / "rank-0.log").read_text()
 
 
-def test_fsdp_bf16_reduces_gradients_in_fp32_and_matches_one_process(runs, tmp_path, repo_root, launch_port):
+def test_fsdp_bf16_reduces_gradients_in_fp32_and_matches_one_process(runs, later):
     """bf16 compute: FSDP reduce-scatters the gradients in fp32 (read from the sharded modules' own policy;
     Accelerate's default would reduce in bf16), matching one process that accumulates the global batch in fp32.
     The losses agree to ~1e-4, not to the fp32 runs' 1e-5: FSDP computes with bf16 copies of every parameter
     (LayerNorm gains and embeddings included) where autocast keeps those in fp32, a difference already in step
     1's loss, before any reduction (measured against 2-process DDP: step 1 5.974811 vs 5.974766, step 4 5.753747
     vs 5.753317)."""
-    _, fsdp_path = _write_config(runs["toy"], tmp_path, "fsdp-bf16")
-    one_cfg, _ = _write_config(runs["toy"], tmp_path, "one-bf16", mixed_precision="bf16", **ONE_PROCESS)
-    fsdp = _launch(repo_root, runs["env"], fsdp_path, True, precision="bf16", port=launch_port())
-    _train_here(one_cfg)
-    out = _finish(fsdp)
+    cfg, done = later["bf16"]
+    out = _succeeded(done)
     assert "each holds 50.0% of the parameters (DTensor shards); gradients reduced in float32" in out, out
-    fsdp_losses, one_losses = _losses(tmp_path / "fsdp-bf16"), _losses(tmp_path / "one-bf16")
+    fsdp_losses, one_losses = _losses(cfg.run_dir()), _losses(runs["one-bf16"].run_dir())
     assert sorted(fsdp_losses) == sorted(one_losses) == list(range(1, STEPS + 1))
     for step, loss in one_losses.items():
         assert fsdp_losses[step] == pytest.approx(loss, rel=2e-4), step

@@ -3,10 +3,19 @@
 `scripts/launch.py` (accelerate's launcher run in-process, the README's training command): the one-line error is
 the last and only line, with 1 and 2 processes, and a crash ends with one line naming the rank and exit status.
 Plain `accelerate launch`: the error is printed once (by the main process only) and the launch commands the
-README shows print no warning block. SIGTERM sent to the one-process launcher reaches the run."""
+README shows print no warning block. SIGTERM sent to the one-process launcher reaches the run.
+
+The launches that are not signalled run in two processes, not one each (tests/script_cases.py): one runs every
+`python scripts/launch.py ...` case, the other every `python -m accelerate.commands.launch ...` case. A launcher
+process is mostly its torch import (~2.7 s of CPU on the 2-core test machine) and each case's own work takes
+milliseconds; the processes a launch starts are new ones, as always. The first case of each driver is the
+fresh-process one (an import-time message would show there), and the SIGTERM tests start `scripts/launch.py` as
+a process of its own. The two launchers are not mixed in one driver: `scripts/launch.py` sets
+CODEPARROT_LAUNCHER_REPORTS in its process, which a later plain `accelerate launch` would pass on."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -15,11 +24,15 @@ import time
 
 import pytest
 
-ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+from ..script_cases import run_cases
+
 LAUNCH = [sys.executable, "scripts/launch.py"]
 WARNING_BLOCK = "were not passed to `accelerate launch`"
 ERROR = "error: command line: unknown config key optim.lrr (did you mean optim.lr?)"
 ONE_PROCESS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+# `python -m accelerate.commands.launch ARGV` as a script the case driver can run: the same runpy call `-m` makes
+ACCELERATE_LAUNCH = ("import runpy\n"
+                     "runpy.run_module('accelerate.commands.launch', run_name='__main__', alter_sys=True)\n")
 
 
 def _free_port() -> int:
@@ -28,43 +41,88 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes() -> list[str]:
-    return ["--config_file", "accelerate_config.yaml", "--num_processes", "2", "--mixed_precision", "no",
-            "--main_process_port", str(_free_port())]
+def _two_processes(repo_root) -> list[str]:
+    return ["--config_file", str(repo_root / "accelerate_config.yaml"), "--num_processes", "2", "--mixed_precision",
+            "no", "--main_process_port", str(_free_port())]
 
 
-def _run(repo_root, scripts_env, launcher, launcher_flags, script_and_args):
-    env = {**scripts_env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [*launcher, *launcher_flags, *script_and_args]
-    return subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=120)
-
-
-def _train_with_typo(repo_root, scripts_env, launcher, launcher_flags):
-    return _run(repo_root, scripts_env, launcher, launcher_flags,
-                ["scripts/train.py", "--config", "configs/train/tiny.yaml", "--optim.lrr", "2"])
-
-
-@pytest.mark.parametrize("processes", ["one", "one-quiet", "two"])
-def test_launch_script_leaves_the_error_as_the_only_line(repo_root, scripts_env, processes):
-    # -q (accelerate's quiet flag) must not turn the user error's status 2 into accelerate's generic 1
-    flags = {"one": ONE_PROCESS, "one-quiet": ["-q", *ONE_PROCESS], "two": _two_processes()}[processes]
-    done = _train_with_typo(repo_root, scripts_env, LAUNCH, flags)
-    assert done.returncode == 2
-    assert (done.stdout + done.stderr).strip().splitlines() == [ERROR], done.stdout + done.stderr
-
-
-def test_launch_script_ends_a_crash_with_one_line_naming_rank_and_status(repo_root, scripts_env, tmp_path):
-    crash = tmp_path / "crash.py"
+def _crash_script(folder):
+    folder.mkdir()
+    crash = folder / "crash.py"
     # One write per line (print's separate writes interleave between the ranks), and both ranks' lines out before
     # either exits: once one rank fails, the launcher stops the other, maybe before it printed.
     crash.write_text("import os, sys, time\nfrom pathlib import Path\n"
                      "os.write(2, f\"rank {os.environ['RANK']} crashing\\n\".encode())\n"
-                     f"Path({str(tmp_path)!r}, 'printed-' + os.environ['RANK']).touch()\n"
+                     f"Path({str(folder)!r}, 'printed-' + os.environ['RANK']).touch()\n"
                      f"deadline = time.time() + 30\n"
-                     f"while len(list(Path({str(tmp_path)!r}).glob('printed-*'))) < 2 and time.time() < deadline:\n"
+                     f"while len(list(Path({str(folder)!r}).glob('printed-*'))) < 2 and time.time() < deadline:\n"
                      "    time.sleep(0.05)\n"
                      "raise SystemExit(3)\n", encoding="utf-8")
-    done = _run(repo_root, scripts_env, LAUNCH, _two_processes(), [str(crash)])
+    return crash
+
+
+def _stalled_script(folder):
+    # Both ranks' watchdogs report a stall (exit 75, resumable). Rank 1 leaves first; torch then stops rank 0 with
+    # SIGTERM while it waits to leave. The job still ends with rank 0's line and the stall's status, not 2.
+    folder.mkdir()
+    stalled = folder / "stalled.py"
+    stalled.write_text("import os, time\nfrom pathlib import Path\n"
+                       "from codeparrot.errors import STALL_EXIT, report_error_line\n"
+                       "rank = os.environ['RANK']\n"
+                       "report_error_line(f'error: stalled: rank {rank} waiting for step 3', STALL_EXIT)\n"
+                       f"Path({str(folder)!r}, 'reported-' + rank).touch()\n"
+                       "if rank == '1':\n"
+                       f"    while not Path({str(folder)!r}, 'reported-0').exists():\n"
+                       "        time.sleep(0.05)\n"
+                       "    os._exit(STALL_EXIT)\n"
+                       "time.sleep(60)\n", encoding="utf-8")
+    return stalled
+
+
+@pytest.fixture(scope="module")
+def launched(repo_root, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every launch the tests below inspect, by name, each as its own command line (`python scripts/launch.py
+    ARGV`, or `python -m accelerate.commands.launch ARGV` for the names starting with "accelerate"), run by one
+    case driver per launcher. Paths are absolute: the drivers run in pytest's directory."""
+    folder = tmp_path_factory.mktemp("launches")
+    env = {**os.environ, "PYTHONPATH": str(repo_root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}  # the scripts' environment (scripts_env), on the CPU
+    typo = [str(repo_root / "scripts" / "train.py"), "--config", str(repo_root / "configs" / "train" / "tiny.yaml"),
+            "--optim.lrr", "2"]
+    two_gpus = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no"]
+    # in order; the first of each driver is the one that pays the imports, and the one-process launches come
+    # first: a 2-process launch leaves torch elastic's signal handlers (and TORCHELASTIC_SIGNALS_TO_HANDLE) set in
+    # its launcher's process, as only a later 2-process launch would have them in a process of its own
+    launch_cases = {"one": [*ONE_PROCESS, *typo], "one-quiet": ["-q", *ONE_PROCESS, *typo],
+                    "two": [*_two_processes(repo_root), *typo],
+                    "crash": [*_two_processes(repo_root), str(_crash_script(folder / "crash"))],
+                    "stalled": [*_two_processes(repo_root), str(_stalled_script(folder / "stalled"))]}
+    accelerate_cases = {
+        "accelerate-one-quiet": ["-q", *ONE_PROCESS, *typo],
+        "accelerate-two-config": ["--config_file", str(repo_root / "accelerate_config.yaml"), "--num_processes", "2",
+                                  "--mixed_precision", "no", "--main_process_port", str(_free_port()), *typo],
+        "accelerate-two-flags": [*two_gpus, "--main_process_port", str(_free_port()), *typo]}
+    shim = folder / "accelerate_launch.py"
+    shim.write_text(ACCELERATE_LAUNCH, encoding="utf-8")
+    done = {}
+    for script, cases in ((repo_root / "scripts" / "launch.py", launch_cases), (shim, accelerate_cases)):
+        results = run_cases(sys.executable, env, [(script, argv) for argv in cases.values()], timeout=600)
+        done.update(zip(cases, results))
+    return done
+
+
+@pytest.mark.parametrize("processes", ["one", "one-quiet", "two"])
+def test_launch_script_leaves_the_error_as_the_only_line(launched, processes):
+    # -q (accelerate's quiet flag) must not turn the user error's status 2 into accelerate's generic 1
+    done = launched[processes]
+    assert done.returncode == 2
+    assert (done.stdout + done.stderr).strip().splitlines() == [ERROR], done.stdout + done.stderr
+
+
+def test_launch_script_ends_a_crash_with_one_line_naming_rank_and_status(launched):
+    done = launched["crash"]
+    crash = done.args[-1]
     assert done.returncode == 3
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert "ChildFailedError" not in done.stderr and "Traceback" not in done.stderr, done.stderr
@@ -72,21 +130,18 @@ def test_launch_script_ends_a_crash_with_one_line_naming_rank_and_status(repo_ro
     assert sorted(lines[:-1]) == ["rank 0 crashing", "rank 1 crashing"], lines
 
 
-def test_accelerate_launch_one_process_quiet_error_is_the_only_line(repo_root, scripts_env):
+def test_accelerate_launch_one_process_quiet_error_is_the_only_line(launched):
     # -q: accelerate's single-process launcher exits quietly instead of re-raising CalledProcessError, and the
     # four values given leave no warning block
-    done = _train_with_typo(repo_root, scripts_env, ACCELERATE_LAUNCH, ["-q", *ONE_PROCESS])
+    done = launched["accelerate-one-quiet"]
     assert done.returncode != 0
     assert (done.stdout + done.stderr).strip().splitlines() == [ERROR]
 
 
-@pytest.mark.parametrize("flags", [
-    ["--config_file", "accelerate_config.yaml", "--num_processes", "2", "--mixed_precision", "no"],
-    ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
-])
-def test_accelerate_launch_two_processes_print_the_error_once_without_a_warning_block(repo_root, scripts_env, flags):
-    done = _train_with_typo(repo_root, scripts_env, ACCELERATE_LAUNCH,
-                            [*flags, "--main_process_port", str(_free_port())])
+@pytest.mark.parametrize("flags", ["config", "flags"])
+def test_accelerate_launch_two_processes_print_the_error_once_without_a_warning_block(launched, flags):
+    # the README's config file, or the same launch given as flags
+    done = launched[f"accelerate-two-{flags}"]
     assert done.returncode != 0
     everything = done.stdout + done.stderr
     assert WARNING_BLOCK not in everything
@@ -96,21 +151,8 @@ def test_accelerate_launch_two_processes_print_the_error_once_without_a_warning_
     assert f"traceback : {ERROR}" in everything, everything
 
 
-def test_a_recorded_stall_keeps_its_status_when_the_launcher_stops_that_rank_first(repo_root, scripts_env, tmp_path):
-    # Both ranks' watchdogs report a stall (exit 75, resumable). Rank 1 leaves first; torch then stops rank 0 with
-    # SIGTERM while it waits to leave. The job still ends with rank 0's line and the stall's status, not 2.
-    stalled = tmp_path / "stalled.py"
-    stalled.write_text("import os, time\nfrom pathlib import Path\n"
-                       "from codeparrot.errors import STALL_EXIT, report_error_line\n"
-                       "rank = os.environ['RANK']\n"
-                       "report_error_line(f'error: stalled: rank {rank} waiting for step 3', STALL_EXIT)\n"
-                       f"Path({str(tmp_path)!r}, 'reported-' + rank).touch()\n"
-                       "if rank == '1':\n"
-                       f"    while not Path({str(tmp_path)!r}, 'reported-0').exists():\n"
-                       "        time.sleep(0.05)\n"
-                       "    os._exit(STALL_EXIT)\n"
-                       "time.sleep(60)\n", encoding="utf-8")
-    done = _run(repo_root, scripts_env, LAUNCH, _two_processes(), [str(stalled)])
+def test_a_recorded_stall_keeps_its_status_when_the_launcher_stops_that_rank_first(launched):
+    done = launched["stalled"]
     assert done.returncode == 75, done.stdout + done.stderr
     assert (done.stdout + done.stderr).strip().splitlines() == ["error: stalled: rank 0 waiting for step 3"]
 

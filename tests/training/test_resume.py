@@ -5,13 +5,17 @@ The setup exercises everything a resume must restore: dropout on (RNG states), g
 (Accelerate's micro-step counter), the text ConstantLengthDataset with both shuffle buffers and a DataLoader
 worker (the data position, the carried tail), AdamW moments and the cosine schedule.
 
-What could make a resume depend on the moment of the kill or on the machine's state is exercised too: the kill
+What could make a resume depend on the moment of the kill or on the process's state is exercised too: the kill
 lands at two moments (right as checkpoint N appears; two steps later, with the DataLoader worker's prefetch
-ahead of the loop and metrics.jsonl holding steps past the checkpoint), a CPU burner loads the machine during the
-killed and the resumed run, and the runs differ in their start-up: the uninterrupted run measures the CPU matmul
-peak (training/mfu.py: ~2 s of large matmuls in this process, with an empty cache) while the resumed one is
-given the peak and measures nothing. Each process reads nothing but its checkpoint: the results must be
-bitwise equal."""
+ahead of the loop and metrics.jsonl holding steps past the checkpoint), and the runs differ in their process and
+start-up. The killed run is a launched `scripts/train.py`, the thing a kill hits; the uninterrupted reference and
+the resumes run in this test process (`train()`, as tests/training/test_fsdp.py's references do: a launch costs
+an interpreter importing torch and transformers, ~8 s of CPU on the 2-core test machine), so each resume starts
+in a process that has already trained (the reference, the other kill moment's resume): whatever it does not
+restore from its checkpoint is left over from another run, not a fresh start. The uninterrupted run measures the
+CPU matmul peak (training/mfu.py: ~2 s of large matmuls, with an empty cache) while the resumes are given the
+peak and measure nothing. The results must be bitwise equal. (`--resume auto` on the command line is
+test_fsdp.py's and test_checkpoint_verification.py's; the machine is loaded by `make test`'s other worker.)"""
 
 from __future__ import annotations
 
@@ -19,7 +23,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -29,7 +32,7 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
 
-pytestmark = pytest.mark.slow(120)  # killed and resumed training launches: first in `make test`'s order
+pytestmark = pytest.mark.slow(30)  # two killed training launches: early in `make test`'s order
 
 N = 4  # checkpoint step; runs go to 2N
 
@@ -40,18 +43,36 @@ def toy(tmp_path_factory, stdlib_texts):
                          resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
 
 
-def _config_file(toy, path, **overrides) -> str:
-    cfg = toy.config(run_name="resume", max_steps=2 * N, **{
+def _config(toy, **overrides):
+    return toy.config(run_name="resume", max_steps=2 * N, **{
         "batch.micro_batch_size": 2, "batch.gradient_accumulation_steps": 2, "data.num_workers": 1,
         "data.seq_length": 32, "schedule.warmup_steps": 2, "logging.log_steps": 1, "checkpoint.save_steps": N,
         "checkpoint.keep_last": 5, "checkpoint.push": False, "data.valid": "", **overrides})
-    path.write_text(yaml.safe_dump(to_dict(cfg)))
+
+
+def _config_file(toy, path, **overrides) -> str:
+    path.write_text(yaml.safe_dump(to_dict(_config(toy, **overrides))))
     return str(path)
 
 
-def _launch(python, repo_root, env, config, *extra) -> subprocess.Popen:
-    return subprocess.Popen([python, str(repo_root / "scripts" / "train.py"), "--config", config, *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _train_here(cfg, resume: str | None = None) -> None:
+    """A run in this process, on one torch thread like the launched one (OMP_NUM_THREADS=1): same arithmetic."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from codeparrot.training.train import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(cfg, resume=resume)
+    finally:
+        torch.set_num_threads(threads)
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+def _peak_source(run_dir) -> str:
+    return json.loads((run_dir / "throughput.json").read_text())["peak_source"]
 
 
 def _weights(folder):
@@ -68,27 +89,20 @@ def _train_entries(run_dir) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(toy, tmp_path_factory, python, repo_root):
-    """The 2N-step reference run, measuring the CPU peak at start (its own empty cache)."""
+def uninterrupted(toy, tmp_path_factory):
+    """The 2N-step reference run, in this process, measuring the CPU peak at start (its own empty cache)."""
+    import codeparrot.training.mfu as mfu
+
     root = tmp_path_factory.mktemp("uninterrupted")
-    env = {**os.environ, "PYTHONPATH": str(repo_root), "OMP_NUM_THREADS": "1",  # same thread count everywhere
-           "CODEPARROT_CACHE": str(root / "cache")}
-    env.pop("CODEPARROT_PEAK_TFLOPS", None)
     run_dir = root / "full"
-    out, _ = _launch(python, repo_root, env, _config_file(toy, root / "full.yaml", output_dir=str(run_dir))) \
-        .communicate(timeout=300)
-    assert "measured float32 matmul peak" in out, out  # the start-up the resumed run skips
-    assert (run_dir / "final").is_dir(), out
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
+        patch.setattr(mfu, "CACHE", root / "cache" / "cpu_peak.json")
+        _train_here(_config(toy, output_dir=str(run_dir)))
+    # the start-up the resumed runs skip
+    assert _peak_source(run_dir).startswith("measured float32 matmul peak"), _peak_source(run_dir)
+    assert (run_dir / "final").is_dir()
     return run_dir
-
-
-@pytest.fixture
-def cpu_burner():
-    """A process spinning on a core during the killed and resumed runs: a loaded machine."""
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    yield burner
-    burner.kill()
-    burner.wait()
 
 
 def _wait_for(path_check, killed, what: str) -> None:
@@ -115,14 +129,15 @@ def _logged_steps(run_dir) -> set[int]:
 
 @pytest.mark.parametrize("kill_at", ["checkpoint", "two steps later"])
 def test_kill_and_resume_gives_identical_weights(toy, tmp_path, python, repo_root, scripts_env, uninterrupted,
-                                                 cpu_burner, kill_at):
+                                                 monkeypatch, capsys, kill_at):
     env = {**scripts_env, "OMP_NUM_THREADS": "1", "CODEPARROT_PEAK_TFLOPS": "1"}  # no peak measurement here
     full_dir, killed_dir = uninterrupted, tmp_path / "killed"
     # The run to kill evaluates the whole (large) validation split right after step N+3: a long window in which
     # it is certainly still running when the kill arrives. Evaluation never touches the training RNG stream.
     killed_cfg = _config_file(toy, tmp_path / "killed.yaml", output_dir=str(killed_dir), **{
         "data.valid": str(toy.train_data), "eval.eval_steps": N + 3, "eval.max_eval_steps": -1})
-    killed = _launch(python, repo_root, env, killed_cfg)
+    killed = subprocess.Popen([python, str(repo_root / "scripts" / "train.py"), "--config", killed_cfg], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     marker = killed_dir / "checkpoints" / f"step-{N}" / "trainer_state.json"
     if kill_at == "checkpoint":
@@ -131,13 +146,18 @@ def test_kill_and_resume_gives_identical_weights(toy, tmp_path, python, repo_roo
         _wait_for(lambda: N + 2 in _logged_steps(killed_dir), killed, f"step {N + 2}")
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait(timeout=30)
+    killed.stdout.close()
     assert killed.returncode == -signal.SIGKILL
     assert not (killed_dir / "checkpoints" / f"step-{2 * N}").exists()  # really killed mid-run
 
-    resumed = _launch(python, repo_root, env, killed_cfg, "--resume", "auto", "--data.valid", "")
-    out, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, out
-    assert f"resumed from {killed_dir / 'checkpoints' / f'step-{N}'}: step {N}" in out
+    # the killed run's config, without its validation split (as `--resume auto --data.valid ""` would run it)
+    monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "1")
+    capsys.readouterr()
+    _train_here(_config(toy, output_dir=str(killed_dir), **{"eval.eval_steps": N + 3, "eval.max_eval_steps": -1}),
+                resume="auto")
+    out = capsys.readouterr().out
+    assert f"resumed from {killed_dir / 'checkpoints' / f'step-{N}'}: step {N}" in out, out
+    assert _peak_source(killed_dir) == "CODEPARROT_PEAK_TFLOPS"  # given, not measured
 
     reference, result = _weights(full_dir / "final"), _weights(killed_dir / "final")
     assert reference.keys() == result.keys()

@@ -37,17 +37,17 @@ def toy(tmp_path_factory, stdlib_texts):
     return build_toy_run(tmp_path_factory.mktemp("stall"), stdlib_texts[:20], vocab_size=300)
 
 
-def _stuck_data(tmp_path, toy, real: str = "") -> str:
+def _stuck_data(tmp_path, toy, one_record: bool = False) -> str:
     """A named pipe nobody writes to, `b.jsonl` (opening it for reading blocks forever, as a read from a file
-    system that stopped answering does); with `real` ("one" record or "all" of the toy's train shard) a folder
-    that holds it after `a.jsonl`, a file of real records."""
+    system that stopped answering does); with `one_record`, a folder that holds it after `a.jsonl`, the first
+    record of the toy's train shard."""
     folder = tmp_path / "data"
     folder.mkdir()
     os.mkfifo(folder / "b.jsonl")
-    if not real:
+    if not one_record:
         return str(folder / "b.jsonl")
     lines = gzip.decompress(next(toy.train_data.glob("*.gz")).read_bytes()).splitlines(keepends=True)
-    (folder / "a.jsonl").write_bytes(b"".join(lines if real == "all" else lines[:1]))
+    (folder / "a.jsonl").write_bytes(lines[0])
     return str(folder)
 
 
@@ -93,22 +93,28 @@ def test_a_data_source_that_blocks_stops_the_run(toy, tmp_path, repo_root, scrip
 
 def test_a_hanging_dataloader_worker_stops_the_run(toy, tmp_path, repo_root, scripts_env):
     # the worker reads the one record of a.jsonl, then blocks in b.jsonl; the main thread waits for its first batch
-    config, run_dir = _config(toy, tmp_path, _stuck_data(tmp_path, toy, real="one"), **{"data.num_workers": 1})
+    config, run_dir = _config(toy, tmp_path, _stuck_data(tmp_path, toy, one_record=True), **{"data.num_workers": 1})
     done = subprocess.run([sys.executable, "scripts/train.py", "--config", config], cwd=repo_root, env=scripts_env,
                           capture_output=True, text=True, timeout=120)
     _assert_stalled(done, run_dir, [0], "next(train_iter)")
 
 
 def test_a_collective_that_never_completes_stops_both_ranks(toy, tmp_path, repo_root, scripts_env):
-    # two readers, two files: one rank reads the pipe and hangs; the other computes its micro-batch and then waits
-    # in the gradient all-reduce for a partner that never comes
-    config, run_dir = _config(toy, tmp_path, _stuck_data(tmp_path, toy, real="all"))
+    # two readers, two files, records dealt in turn: rank 0's first record (a.jsonl's one record, longer than a
+    # token buffer; no shuffle buffers, so nothing more is read before the first batch) gives it its micro-batch,
+    # which it computes and then waits in the gradient all-reduce for a partner that never comes: rank 1's first
+    # record is in the pipe, where it hangs. Stalls at step 1, after the set-up alone.
+    config, run_dir = _config(toy, tmp_path, _stuck_data(tmp_path, toy, one_record=True),
+                              **{"data.shuffle_buffer": 0, "data.sequence_shuffle_buffer": 0})
     env = {**scripts_env, "ACCELERATE_USE_CPU": "1"}
     done = subprocess.run([sys.executable, "scripts/launch.py", "--config_file", "accelerate_config.yaml",
                            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port",
                            str(_free_port()), "scripts/train.py", "--config", config],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=180)
     _assert_stalled(done, run_dir, [0, 1], "train.py")
+    first = {rank: (run_dir / "logs" / f"rank-{rank}.log").read_text().splitlines()[0] for rank in (0, 1)}
+    assert "waiting for step 1 " in first[0] and "run_micro_step" in first[0], first[0]  # in the backward's all-reduce
+    assert "waiting for step 1 " in first[1] and "records.py" in first[1], first[1]  # in the pipe
 
 
 def test_beats_keep_it_quiet_and_a_stall_dumps_every_thread(tmp_path):
