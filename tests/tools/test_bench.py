@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -16,6 +17,8 @@ def test_bench_script_prints_and_writes_the_table(tmp_path, python, scripts_env,
     assert result.returncode == 0, result.stderr[-2000:]
     text = out.read_text()
     assert "measured matmul peak" in text and "| stage | metric | median |" in text
+    # measured, not "unavailable": the fp32 peak (--quick leaves out the bf16 one, seconds of emulated matmuls)
+    assert re.search(r"measured matmul peak \(.*\): fp32 [\d,]+ GFLOP/s, bf16 not measured \(--quick\)", text)
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
     assert any(r.startswith("| data:") for r in rows) and any("sandbox" in r for r in rows)
     assert not any("| error |" in r for r in rows), [r for r in rows if "| error |" in r]

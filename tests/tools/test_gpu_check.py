@@ -46,6 +46,7 @@ def test_smoke_runs_every_stage_and_writes_json_and_markdown(repo_root, scripts_
         assert auto["tokens_per_s"] > 0 and auto["micro_batch"] * auto["accumulation"] == auto["global_batch"] == 8
 
     prof = stages["profile"]["result"]
+    assert prof["steps"] == 1  # smoke: one profiled step (3 on a GPU)
     assert prof["tokens_per_s"] > 0 and sum(c["share"] for c in prof["classes"]) == pytest.approx(1.0)
     top, times = prof["top_kernels"], [k["ms_per_step"] for k in prof["top_kernels"]]
     assert 0 < len(top) <= 15 and times == sorted(times, reverse=True)
@@ -68,11 +69,13 @@ def test_smoke_runs_every_stage_and_writes_json_and_markdown(repo_root, scripts_
     steps = stages["train_step"]["result"]
     assert steps[0]["compile"] == "regional" and all(r["tokens_per_s"] > 0 for r in steps)
     assert all(r["graph_breaks"] == 0 and r["recompiles_while_timed"] == 0 for r in steps)
-    e2e = stages["end_to_end"]["result"]
-    assert e2e["resumed_from_step_20"] and e2e["final_step"] == 30
-    assert e2e["max_loss_difference_after_resume"] == 0.0  # exact resume, fp32 on a CPU
+    e2e = stages["end_to_end"]["result"]  # smoke: 4 steps saved at 2 and 4, resumed from 2 (30 from 20 on a GPU)
+    assert e2e["resumed_from_step_2"] and e2e["final_step"] == 4 and "--max_steps 4 " in e2e["command"]
+    assert e2e["max_loss_difference_after_resume"] == 0.0  # exact resume, fp32 on a CPU (steps 3 and 4 compared)
+    assert e2e["tokens_per_s"] > 0
     markdown = (out / "gpu_check.md").read_text()
-    for heading in ("## Headline", "## Profile", "Top ", "## 1.5B preset", "## Training step"):
+    for heading in ("## Headline", "## Profile", "Top ", "## 1.5B preset", "## Training step",
+                    "## End to end (scripts/train.py, 4 steps, then --resume auto from step 2)"):
         assert heading in markdown
     assert "| default: compiled per block, micro-batch 2 |" in markdown
 
@@ -226,6 +229,23 @@ def test_the_cuda_graph_row_runs_with_graphs_and_is_compared_with_its_eager_row(
     report = "\n".join(_headline(rows))
     assert "auto + CUDA graphs: 1.250× the eager row's tokens/s; largest logged-loss difference from it n/a" in report
     assert "auto chose micro-batch 24 with CUDA graphs and 48 without: losses not compared" in report
+
+
+def test_the_full_end_to_end_run_is_30_steps_resumed_from_20(tmp_path):
+    """What the smoke run shortens (4 steps resumed from 2, one profiled step) stays as it was on a GPU."""
+    from codeparrot.tools.gpu_check.config import GpuCheckConfig, shapes_for
+    from codeparrot.tools.gpu_check.end_to_end import train_command
+    from codeparrot.tools.gpu_check.report import markdown
+
+    shapes = shapes_for(GpuCheckConfig())
+    assert shapes.profiled_steps == 3 and shapes.end_to_end_files == 400 and shapes.end_to_end_steps.resume_from == 20
+    command = " ".join(train_command(shapes, tmp_path, tmp_path, tmp_path / "run", cuda=True))
+    assert ("--max_steps 30 --schedule.warmup_steps 5 --checkpoint.save_steps 10 --checkpoint.push false "
+            "--logging.log_steps 5 ") in command and "--data.num_workers 1 " in command
+    result = {"command": command, "resumed_from_step_20": True, "max_loss_difference_after_resume": 0.0,
+              "final_step": 30}
+    text = markdown({"run": {}, "stages": {"end_to_end": {"result": result}}})
+    assert "## End to end (scripts/train.py, 30 steps, then --resume auto from step 20)" in text
 
 
 def test_largest_fitting_walks_up_while_it_fits_and_down_while_not():

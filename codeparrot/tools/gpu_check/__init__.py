@@ -29,6 +29,6 @@ are rebuilt from that file, so a call cut short keeps what was measured:
 Everything but the CLI stages (`headline`, `end_to_end`) uses synthetic token ids: no data, no tokenizer, no git,
 and it imports only torch, transformers, accelerate and this project (`datasets` is never imported), which is
 what the lent GPU image has. The CLI stages train a tokenizer on this Python's standard library and pretokenize
-it (no download either), once per call. `--smoke` runs every stage on the tiny preset with small shapes on
-whatever device there is (CPU in CI).
+it (no download either), once per call. `--smoke` runs every stage on the tiny preset with small shapes and few
+steps (end_to_end: 4, resumed from step 2) on whatever device there is (CPU in CI).
 """

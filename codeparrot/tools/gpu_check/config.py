@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from codeparrot.config import doc
 from codeparrot.errors import CodeParrotError
@@ -34,8 +35,8 @@ class GpuCheckConfig:
                               "9 minutes): a stage that does not fit in what is left is recorded as 'skipped: time "
                               "budget spent', never estimated; a stage still running at the end is stopped a few "
                               "seconds later and recorded so, and its training runs are killed")
-    smoke: bool = doc(False, "every stage on the tiny preset with small shapes (CPU-sized, one to two minutes of CPU); "
-                             "checks the tool, measures nothing meaningful")
+    smoke: bool = doc(False, "every stage on the tiny preset with small shapes and few steps (CPU-sized, under a "
+                             "minute of CPU); checks the tool, measures nothing meaningful")
     micro_batches: list[int] = doc([12, 24, 48], "micro-batch sizes of the compiled training-step variant "
                                                  "(codeparrot-small; 12 is the recipe's)", nargs="+")
     steps: int = doc(20, "timed training steps per variant (after the warm-up steps)")
@@ -65,6 +66,20 @@ class GpuCheckConfig:
         return 0.0 if self.smoke else float(STAGE_FLOOR_S[stage])
 
 
+class EndToEndSteps(NamedTuple):
+    """The end_to_end stage's schedule: the first run trains `steps` optimizer steps, saving every `save_every` and
+    logging every `log_every`; the resume starts from the checkpoint before the last (`resume_from`)."""
+
+    steps: int
+    save_every: int
+    log_every: int
+    warmup: int  # --schedule.warmup_steps (at most `steps`: the CLI refuses a longer warmup)
+
+    @property
+    def resume_from(self) -> int:
+        return self.steps - self.save_every
+
+
 @dataclass(frozen=True)
 class Shapes:
     """What a mode measures: the model presets and every tensor size."""
@@ -79,6 +94,9 @@ class Shapes:
     attention_batch: int
     loss_rows: int  # rows of the loss micro-benchmark (one micro-batch of tokens)
     end_to_end_files: int  # stdlib files the end-to-end run's tokenizer and data come from
+    # end_to_end: 30 steps saved at 10, 20, 30, resumed from 20. Smoke: 4 steps saved at 2 and 4, resumed from 2,
+    # losses compared at 3 and 4 (the same code path: a run, a resume from a saved checkpoint, a comparison)
+    end_to_end_steps: EndToEndSteps
     global_batch: int  # headline: sequences per optimizer step (the recipe's 192)
     # headline: the micro-batches of its rows, in the order they run: auto, auto with CUDA graphs ("auto+graphs",
     # compared with auto), then the recipe's former 12 (16 accumulation steps), whose figure from before issue 28
@@ -91,6 +109,7 @@ class Shapes:
     large_seq_length: int  # model_1_5b: tokens per sequence
     large_start: int  # model_1_5b: the first micro-batch tried (then doubled while it fits, halved while not)
     large_max: int  # model_1_5b: no larger micro-batch is tried
+    profiled_steps: int  # profile: steps under torch.profiler (smoke: 1, the same tables from fewer events)
     # torch threads of this process and of the CLI runs on a CPU (None: torch's default). Smoke: 1, because on the
     # 2-core CI machine, where the suite runs two workers side by side, two threads per process spin-wait on
     # each other: a tiny training step measured 1,100 ms of CPU with 2 threads against 70 ms with 1.
@@ -101,14 +120,16 @@ def shapes_for(cfg: GpuCheckConfig) -> Shapes:
     configs = REPO_ROOT / "configs"
     if cfg.smoke:
         return Shapes(configs / "model" / "tiny.yaml", configs / "train" / "tiny.yaml", vocab_size=2048,
-                      seq_length=128, micro_batches=(2, 4), gemm_size=256, copy_mib=8, attention_batch=2,
-                      loss_rows=2 * 127, end_to_end_files=40, global_batch=8, headline_micro_batches=("auto",),
-                      headline_steps=4, large_preset=configs / "model" / "tiny.yaml",
+                      seq_length=128, micro_batches=(2, 4), gemm_size=128, copy_mib=8, attention_batch=2,
+                      loss_rows=2 * 127, end_to_end_files=10, end_to_end_steps=EndToEndSteps(4, 2, 1, 2),
+                      global_batch=8, headline_micro_batches=("auto",), headline_steps=4,
+                      large_preset=configs / "model" / "tiny.yaml",
                       large_override=(("n_layer", 48), ("n_embd", 32), ("n_head", 2)), large_seq_length=32,
-                      large_start=1, large_max=2, cpu_threads=1)
+                      large_start=1, large_max=2, profiled_steps=1, cpu_threads=1)
     return Shapes(configs / "model" / "codeparrot-small.yaml", configs / "train" / "codeparrot-small.yaml",
                   vocab_size=32768, seq_length=1024, micro_batches=tuple(cfg.micro_batches), gemm_size=8192,
-                  copy_mib=1024, attention_batch=12, loss_rows=12 * 1023, end_to_end_files=400, global_batch=192,
+                  copy_mib=1024, attention_batch=12, loss_rows=12 * 1023, end_to_end_files=400,
+                  end_to_end_steps=EndToEndSteps(30, 10, 5, 5), global_batch=192,
                   headline_micro_batches=("auto", "auto+graphs", "12"), headline_steps=10,
                   large_preset=configs / "model" / "codeparrot.yaml", large_override=(), large_seq_length=1024,
-                  large_start=8, large_max=64, cpu_threads=None)
+                  large_start=8, large_max=64, profiled_steps=3, cpu_threads=None)

@@ -5,6 +5,7 @@
 2. `accelerate launch scripts/train.py --config <preset's train config>` runs 30 steps, saving at 10, 20, 30.
 3. Step 30's checkpoint and `final/` are removed and the same command runs with `--resume auto`: it must
    resume from step 20 and log the same losses for steps 21-30 as the uninterrupted run.
+`--smoke` runs the same with 4 steps, saving at 2 and 4, resumed from step 2 (`Shapes.end_to_end_steps`).
 The CLI's own metrics (tokens/s, MFU of the windows after the first) are reported.
 """
 
@@ -31,8 +32,6 @@ from codeparrot.tools.gpu_check.kernels import device_peak
 from codeparrot.tools.toy_run import write_shards
 from codeparrot.training.datasets.pretokenize import pretokenize
 
-STEPS, SAVE_EVERY, LOG_EVERY = 30, 10, 5
-
 
 def prepare(root: Path, shapes: Shapes) -> tuple[Path, Path]:
     """(model folder, pretokenized train folder) under `root`."""
@@ -52,11 +51,13 @@ def launcher(cuda: bool) -> list[str]:
 
 
 def train_command(shapes: Shapes, model: Path, tokens: Path, run_dir: Path, cuda: bool) -> list[str]:
+    schedule = shapes.end_to_end_steps
     return [*launcher(cuda), str(REPO_ROOT / "scripts" / "train.py"), "--config", str(shapes.train_preset),
-            "--model", str(model), "--revision", "null", "--data.train", str(tokens), "--data.valid", "", "--data.seq_length",
-            str(shapes.seq_length), "--data.num_workers", "1", "--output_dir", str(run_dir),
-            "--max_steps", str(STEPS), "--schedule.warmup_steps", "5", "--checkpoint.save_steps", str(SAVE_EVERY),
-            "--checkpoint.push", "false", "--logging.log_steps", str(LOG_EVERY), "--logging.trackers", "[]",
+            "--model", str(model), "--revision", "null", "--data.train", str(tokens), "--data.valid", "",
+            "--data.seq_length", str(shapes.seq_length), "--data.num_workers", "1", "--output_dir", str(run_dir),
+            "--max_steps", str(schedule.steps), "--schedule.warmup_steps", str(schedule.warmup),
+            "--checkpoint.save_steps", str(schedule.save_every), "--checkpoint.push", "false",
+            "--logging.log_steps", str(schedule.log_every), "--logging.trackers", "[]",
             "--batch.micro_batch_size", str(shapes.micro_batches[0]), "--batch.global_batch_size", "null",
             "--batch.gradient_accumulation_steps", "1", "--batch.num_processes", "1"]
 
@@ -136,18 +137,20 @@ def end_to_end_stage(root: Path, shapes: Shapes, deadline: float | None = None,
     command, env = train_command(shapes, model, tokens, run_dir, device.type == "cuda"), cli_env(shapes, device)
     run_logged(command, root / "train.log", deadline, env)
     first = training_entries(run_dir)
-    shutil.rmtree(run_dir / "checkpoints" / f"step-{STEPS}")
+    schedule = shapes.end_to_end_steps
+    shutil.rmtree(run_dir / "checkpoints" / f"step-{schedule.steps}")
     shutil.rmtree(run_dir / "final")
     run_logged([*command, "--resume", "auto"], root / "resume.log", deadline, env)
     resumed = training_entries(run_dir)
     resume_log = (root / "resume.log").read_text(encoding="utf-8", errors="replace")
-    later = [row for step, row in sorted(first.items()) if step > LOG_EVERY]  # the first window holds start-up
-    diffs = [abs(resumed[s]["loss"] - first[s]["loss"]) for s in first if s > STEPS - SAVE_EVERY and s in resumed]
+    later = [row for step, row in sorted(first.items()) if step > schedule.log_every]  # 1st window: start-up
+    diffs = [abs(resumed[s]["loss"] - first[s]["loss"]) for s in first if s > schedule.resume_from and s in resumed]
     return {"command": "accelerate launch " + shlex.join(command[3:]),  # without `python -m accelerate...`
             "vocab_size": json.loads((model / "config.json").read_text())["vocab_size"],
             "tokens_per_s": median(r["tokens_per_s"] for r in later) if later else None,
             "mfu": median(r["mfu"] for r in later) if later and later[0].get("mfu") is not None else None,
             "memory_gib": max((r.get("memory_gib") or 0) for r in first.values()) or None,
-            "resumed_from_step_20": "step-20" in resume_log and "resumed from" in resume_log,
+            f"resumed_from_step_{schedule.resume_from}": f"step-{schedule.resume_from}" in resume_log
+            and "resumed from" in resume_log,
             "max_loss_difference_after_resume": max(diffs) if diffs else None,
             "final_step": max(resumed)}

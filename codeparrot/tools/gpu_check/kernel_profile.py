@@ -1,9 +1,10 @@
 """Stage `profile`: where a training step's device time goes, kernel by kernel and by class.
 
 The default variant (compiled per block, the recipe's micro-batch) is warmed up, timed over `steps` plain steps
-(its tokens/s and MFU: the figure the `jax` stage compares with), then 3 steps run under torch.profiler. On
-CUDA the tables hold device (kernel) time; elsewhere, CPU operator self time, which exercises the same code in
-`--smoke` (where the eager variant is profiled: an inductor compile on a CPU costs more than the whole stage).
+(its tokens/s and MFU: the figure the `jax` stage compares with), then 3 steps (`Shapes.profiled_steps`; 1 in
+`--smoke`) run under torch.profiler. On CUDA the tables hold device (kernel) time; elsewhere, CPU operator self
+time, which exercises the same code in `--smoke` (where the eager variant is profiled: an inductor compile on a
+CPU costs more than the whole stage).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from codeparrot.tools.gpu_check.kernels import device_peak, sync
 from codeparrot.tools.gpu_check.train_steps import StepRunner, variants_for
 from codeparrot.training.mfu import mfu
 
-PROFILED_STEPS = 3
 TOP_KERNELS = 15
 NAME_WIDTH = 80  # characters of a shortened kernel name in the tables
 
@@ -106,10 +106,10 @@ def profile_stage(shapes: Shapes, device: torch.device, cfg: GpuCheckConfig) -> 
     peak, _ = device_peak(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        for _ in range(PROFILED_STEPS):
+        for _ in range(shapes.profiled_steps):
             runner.step()
         sync(device)
     return {"variant": variant.name, "micro_batch": variant.micro_batch, "seq_length": shapes.seq_length,
             "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, runner.flops_per_token, peak),
-            "steps": PROFILED_STEPS, "time_kind": "device" if cuda else "cpu op self",
-            **kernel_tables(prof.key_averages(), PROFILED_STEPS, cuda)}
+            "steps": shapes.profiled_steps, "time_kind": "device" if cuda else "cpu op self",
+            **kernel_tables(prof.key_averages(), shapes.profiled_steps, cuda)}
