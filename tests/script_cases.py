@@ -72,6 +72,19 @@ with open(results_path, "w", encoding="utf-8") as f:
 '''
 
 
+# `python -m accelerate.commands.launch ARGV` as a script a case can run: the same runpy call `-m` makes
+ACCELERATE_LAUNCH = ("import runpy\n"
+                     "runpy.run_module('accelerate.commands.launch', run_name='__main__', alter_sys=True)\n")
+
+
+def accelerate_launch_script(folder: Path) -> Path:
+    """A script in `folder` that runs `accelerate launch` with its own argv: `(that script, launch argv)` is a case
+    that starts the launch's processes as `python -m accelerate.commands.launch ARGV` does."""
+    script = folder / "accelerate_launch.py"
+    script.write_text(ACCELERATE_LAUNCH, encoding="utf-8")
+    return script
+
+
 def run_cases(python: str, env: dict[str, str], cases: list[tuple[Path | str, list]],
               timeout: float = 300) -> list[subprocess.CompletedProcess]:
     """Run every `(script, argv)` of `cases` in one new `python` process with `env`; one CompletedProcess each

@@ -31,7 +31,8 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
 
-from ..script_cases import run_cases
+from ..script_cases import accelerate_launch_script, run_cases
+from .in_process import train_here
 
 pytestmark = pytest.mark.slow(150)  # 2-process FSDP and DDP launches: first in `make test`'s order
 
@@ -57,11 +58,6 @@ def _write_config(toy, folder, name: str, **overrides) -> tuple[object, str]:
     return cfg, str(path)
 
 
-# `python -m accelerate.commands.launch ARGV` as a script the case driver can run: the same runpy call `-m` makes
-ACCELERATE_LAUNCH = ("import runpy\n"
-                     "runpy.run_module('accelerate.commands.launch', run_name='__main__', alter_sys=True)\n")
-
-
 def _launch_argv(repo_root, config: str, *extra: str, port: int, precision: str = "no") -> list[str]:
     """`accelerate launch`'s arguments for a 2-process FSDP training with `config`."""
     return ["--config_file", str(repo_root / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", "2",
@@ -85,19 +81,6 @@ def _succeeded(done: subprocess.CompletedProcess) -> str:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     return out
-
-
-def _train_here(cfg) -> None:
-    """The one-process reference, in this process (no launch)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    from codeparrot.training.train import train
-
-    try:
-        train(cfg)
-    finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
 
 
 def _losses(run_dir) -> dict[int, float]:
@@ -130,8 +113,8 @@ def runs(tmp_path_factory, stdlib_texts, repo_root, launch_port):
     one_cfg, _ = _write_config(toy, root, "one", **ONE_PROCESS)
     one_bf16_cfg, _ = _write_config(toy, root, "one-bf16", mixed_precision="bf16", **ONE_PROCESS)
     fsdp = _launch(repo_root, env, fsdp_path, port=launch_port())
-    _train_here(one_cfg)
-    _train_here(one_bf16_cfg)
+    train_here(one_cfg)
+    train_here(one_bf16_cfg)
     return {"toy": toy, "root": root, "env": env, "fsdp": (fsdp_cfg, _finish(fsdp)), "one": one_cfg,
             "one-bf16": one_bf16_cfg}
 
@@ -167,8 +150,7 @@ def later(runs, tmp_path_factory, repo_root, launch_port):
                 "bf16": (bf16_cfg, _launch_argv(repo_root, bf16_path, precision="bf16", port=launch_port())),
                 "rank1-fails": (failing_cfg, _launch_argv(repo_root, failing_path, "--resume", "auto",
                                                           port=launch_port()))}
-    shim = root / "accelerate_launch.py"
-    shim.write_text(ACCELERATE_LAUNCH, encoding="utf-8")
+    shim = accelerate_launch_script(root)
     done = run_cases(sys.executable, runs["env"], [(shim, argv) for _, argv in launches.values()], timeout=900)
     return {name: (cfg, result) for (name, (cfg, _)), result in zip(launches.items(), done)}
 

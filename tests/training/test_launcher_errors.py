@@ -24,15 +24,12 @@ import time
 
 import pytest
 
-from ..script_cases import run_cases
+from ..script_cases import accelerate_launch_script, run_cases
 
 LAUNCH = [sys.executable, "scripts/launch.py"]
 WARNING_BLOCK = "were not passed to `accelerate launch`"
 ERROR = "error: command line: unknown config key optim.lrr (did you mean optim.lr?)"
 ONE_PROCESS = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-# `python -m accelerate.commands.launch ARGV` as a script the case driver can run: the same runpy call `-m` makes
-ACCELERATE_LAUNCH = ("import runpy\n"
-                     "runpy.run_module('accelerate.commands.launch', run_name='__main__', alter_sys=True)\n")
 
 
 def _free_port() -> int:
@@ -103,8 +100,7 @@ def launched(repo_root, tmp_path_factory) -> dict[str, subprocess.CompletedProce
         "accelerate-two-config": ["--config_file", str(repo_root / "accelerate_config.yaml"), "--num_processes", "2",
                                   "--mixed_precision", "no", "--main_process_port", str(_free_port()), *typo],
         "accelerate-two-flags": [*two_gpus, "--main_process_port", str(_free_port()), *typo]}
-    shim = folder / "accelerate_launch.py"
-    shim.write_text(ACCELERATE_LAUNCH, encoding="utf-8")
+    shim = accelerate_launch_script(folder)
     done = {}
     for script, cases in ((repo_root / "scripts" / "launch.py", launch_cases), (shim, accelerate_cases)):
         results = run_cases(sys.executable, env, [(script, argv) for argv in cases.values()], timeout=600)

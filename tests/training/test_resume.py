@@ -32,7 +32,11 @@ import yaml
 from codeparrot.config import to_dict
 from codeparrot.tools.toy_run import build_toy_run
 
-pytestmark = pytest.mark.slow(30)  # two killed training launches: early in `make test`'s order
+from .in_process import train_here
+
+# two killed training launches: early in `make test`'s order; every run in this process on one torch thread, as
+# the launched ones (OMP_NUM_THREADS=1): the same float sums
+pytestmark = [pytest.mark.slow(30), pytest.mark.usefixtures("one_torch_thread")]
 
 N = 4  # checkpoint step; runs go to 2N
 
@@ -53,22 +57,6 @@ def _config(toy, **overrides):
 def _config_file(toy, path, **overrides) -> str:
     path.write_text(yaml.safe_dump(to_dict(_config(toy, **overrides))))
     return str(path)
-
-
-def _train_here(cfg, resume: str | None = None) -> None:
-    """A run in this process, on one torch thread like the launched one (OMP_NUM_THREADS=1): same arithmetic."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    from codeparrot.training.train import train
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(cfg, resume=resume)
-    finally:
-        torch.set_num_threads(threads)
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
 
 
 def _peak_source(run_dir) -> str:
@@ -98,7 +86,7 @@ def uninterrupted(toy, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("CODEPARROT_PEAK_TFLOPS", raising=False)
         patch.setattr(mfu, "CACHE", root / "cache" / "cpu_peak.json")
-        _train_here(_config(toy, output_dir=str(run_dir)))
+        train_here(_config(toy, output_dir=str(run_dir)))
     # the start-up the resumed runs skip
     assert _peak_source(run_dir).startswith("measured float32 matmul peak"), _peak_source(run_dir)
     assert (run_dir / "final").is_dir()
@@ -153,7 +141,7 @@ def test_kill_and_resume_gives_identical_weights(toy, tmp_path, python, repo_roo
     # the killed run's config, without its validation split (as `--resume auto --data.valid ""` would run it)
     monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "1")
     capsys.readouterr()
-    _train_here(_config(toy, output_dir=str(killed_dir), **{"eval.eval_steps": N + 3, "eval.max_eval_steps": -1}),
+    train_here(_config(toy, output_dir=str(killed_dir), **{"eval.eval_steps": N + 3, "eval.max_eval_steps": -1}),
                 resume="auto")
     out = capsys.readouterr().out
     assert f"resumed from {killed_dir / 'checkpoints' / f'step-{N}'}: step {N}" in out, out
