@@ -188,9 +188,8 @@ def _same_command(record: dict, out: Path, stage: Stage) -> bool:
     return record.get("command") in (portable(stage.command, out), stage.command)  # (older records: as is)
 
 
-def is_done(out: Path, stage: Stage) -> bool:
-    """Done = a record of this command that finished, and every output still present."""
-    record = _record(out, stage)
+def is_done(out: Path, stage: Stage, record: dict) -> bool:
+    """Done = its `record` (`_record`) is of this command and finished, and every output is still present."""
     if not (_same_command(record, out, stage) and record.get("finished")):
         return False
     if not all(p.exists() for p in stage.outputs):
@@ -271,13 +270,13 @@ def run_stages(out: Path, stages: list[Stage], rerun: str) -> tuple[dict[str, fl
     total = time.perf_counter()
     earlier_ran = False
     for stage in stages:
-        if not earlier_ran and is_done(out, stage):
+        record = _record(out, stage)
+        if not earlier_ran and is_done(out, stage, record):
             print(f"=== [{stage.name}] already complete, reusing it ({rerun} FRESH=1 to redo)")
             # the time it took when it ran (its completion record), shown as reused: not "0 s"
-            timings[stage.name] = recorded_seconds(out, stage)
+            timings[stage.name] = recorded_seconds(record)
             reused.add(stage.name)
             continue
-        record = _record(out, stage)
         continues = (stage.resumes and not earlier_ran and _same_command(record, out, stage)
                      and not record.get("finished"))
         if not continues:  # its command, its inputs or its outputs changed since it last ran
@@ -288,9 +287,9 @@ def run_stages(out: Path, stages: list[Stage], rerun: str) -> tuple[dict[str, fl
     return timings, reused
 
 
-def recorded_seconds(out: Path, stage: Stage) -> float:
-    """How long `stage` took when it ran, from its completion record (0 when the record does not say)."""
+def recorded_seconds(record: dict) -> float:
+    """How long a stage took when it ran, from its completion record (0 when the record does not say)."""
     try:
-        return float(_record(out, stage).get("seconds", 0.0))
+        return float(record.get("seconds", 0.0))
     except (ValueError, TypeError):
         return 0.0
