@@ -70,7 +70,8 @@ def test_smoke_runs_every_stage_and_writes_json_and_markdown(repo_root, scripts_
     assert steps[0]["compile"] == "regional" and all(r["tokens_per_s"] > 0 for r in steps)
     assert all(r["graph_breaks"] == 0 and r["recompiles_while_timed"] == 0 for r in steps)
     e2e = stages["end_to_end"]["result"]  # smoke: 4 steps saved at 2 and 4, resumed from 2 (30 from 20 on a GPU)
-    assert e2e["resumed_from_step_2"] and e2e["final_step"] == 4 and "--max_steps 4 " in e2e["command"]
+    assert e2e["resumed"] and e2e["resume_from_step"] == 2 and e2e["final_step"] == 4
+    assert "--max_steps 4 " in e2e["command"]
     assert e2e["max_loss_difference_after_resume"] == 0.0  # exact resume, fp32 on a CPU (steps 3 and 4 compared)
     assert e2e["tokens_per_s"] > 0
     markdown = (out / "gpu_check.md").read_text()
@@ -242,7 +243,7 @@ def test_the_full_end_to_end_run_is_30_steps_resumed_from_20(tmp_path):
     command = " ".join(train_command(shapes, tmp_path, tmp_path, tmp_path / "run", cuda=True))
     assert ("--max_steps 30 --schedule.warmup_steps 5 --checkpoint.save_steps 10 --checkpoint.push false "
             "--logging.log_steps 5 ") in command and "--data.num_workers 1 " in command
-    result = {"command": command, "resumed_from_step_20": True, "max_loss_difference_after_resume": 0.0,
+    result = {"command": command, "resume_from_step": 20, "resumed": True, "max_loss_difference_after_resume": 0.0,
               "final_step": 30}
     text = markdown({"run": {}, "stages": {"end_to_end": {"result": result}}})
     assert "## End to end (scripts/train.py, 30 steps, then --resume auto from step 20)" in text

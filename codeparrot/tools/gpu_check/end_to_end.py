@@ -150,7 +150,7 @@ def end_to_end_stage(root: Path, shapes: Shapes, deadline: float | None = None,
             "tokens_per_s": median(r["tokens_per_s"] for r in later) if later else None,
             "mfu": median(r["mfu"] for r in later) if later and later[0].get("mfu") is not None else None,
             "memory_gib": max((r.get("memory_gib") or 0) for r in first.values()) or None,
-            f"resumed_from_step_{schedule.resume_from}": f"step-{schedule.resume_from}" in resume_log
-            and "resumed from" in resume_log,
+            "resume_from_step": schedule.resume_from,  # the checkpoint the resume must start from
+            "resumed": f"step-{schedule.resume_from}" in resume_log and "resumed from" in resume_log,
             "max_loss_difference_after_resume": max(diffs) if diffs else None,
             "final_step": max(resumed)}

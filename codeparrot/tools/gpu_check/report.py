@@ -80,11 +80,9 @@ def markdown(results: dict) -> str:
                                           if "tokens_per_s" in r else [r.get("error", r.get("skipped", ""))] + [""] * 6)]
                          for r in steps]) + [""]
     e2e = stage.get("end_to_end", {}).get("result")
-    if e2e:  # 30 steps resumed from 20 (`--smoke`: 4 from 2), as the result's own keys say
-        resumed_from = next((k.removeprefix("resumed_from_step_") for k in e2e if k.startswith("resumed_from_step_")),
-                            "?")
+    if e2e:  # 30 steps resumed from 20 (`--smoke`: 4 from 2)
         lines += [f"## End to end (scripts/train.py, {e2e.get('final_step', '?')} steps, then --resume auto from step "
-                  f"{resumed_from})", "",
+                  f"{e2e.get('resume_from_step', '?')})", "",
                   *[f"- {k}: {_fmt(v, 4) if isinstance(v, float) else v}" for k, v in e2e.items()], ""]
     for name, entry in stage.items():
         if "error" in entry:
