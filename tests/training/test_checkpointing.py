@@ -34,9 +34,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
-def tiny():
+def tiny(fresh_accelerate_state):
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
@@ -44,9 +43,7 @@ def tiny():
     optimizer = build_optimizer(model, OptimConfig(lr=1e-3), accelerator.device)
     scheduler = build_scheduler(optimizer, 10, ScheduleConfig(warmup_steps=2))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    yield SimpleNamespace(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    return SimpleNamespace(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler)
 
 
 def _save(tiny, run_dir: Path, step: int, keep_last: int = 5, data_state: dict | None = None,

@@ -16,6 +16,8 @@ from codeparrot.config import to_dict
 from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run, write_shards
 
+from .in_process import train_here
+
 pytestmark = pytest.mark.slow(50)  # 2-process launches: first in `make test`'s order
 
 
@@ -79,8 +81,6 @@ def test_ranks_read_disjoint_parts(setup):
 
 
 def test_two_processes_equal_one_process_accumulating(setup, tmp_path, repo_root, scripts_env, launch_port):
-    from accelerate.state import AcceleratorState, GradientState
-
     _, _, _, seq_length, n_valid_sequences = setup
     env = {**scripts_env, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     two_cfg, two_path = _config(setup, tmp_path, "two", **{"batch.gradient_accumulation_steps": 1})
@@ -89,13 +89,7 @@ def test_two_processes_equal_one_process_accumulating(setup, tmp_path, repo_root
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(launch_port()), str(repo_root / "scripts" / "train.py"), "--config", two_path]
     two = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    from codeparrot.training.train import train
-
-    try:  # the one-process run here, while the launch runs: no third interpreter importing torch
-        train(one_cfg)
-    finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+    train_here(one_cfg)  # the one-process run here, while the launch runs: no third interpreter importing torch
     out, _ = two.communicate(timeout=300)
     assert two.returncode == 0, out
     assert "2 sequences/step = 1/process × 1 accumulation × 2 processes" in out, out
@@ -116,10 +110,5 @@ def test_two_processes_equal_one_process_accumulating(setup, tmp_path, repo_root
     assert [e["tokens_seen"] for e in train2] == [2 * seq_length * s for s in (1, 2, 3)]
 
     # a checkpoint written by 2 processes cannot be resumed by 1 (each rank had its own data position)
-    from codeparrot.training.train import train
-
-    try:
-        with pytest.raises(CodeParrotError, match="written by 2 processes"):
-            train(two_cfg, resume=str(two_dir / "checkpoints" / "step-3"))
-    finally:
-        AcceleratorState._reset_state(True)
+    with pytest.raises(CodeParrotError, match="written by 2 processes"):
+        train_here(two_cfg, resume=str(two_dir / "checkpoints" / "step-3"))

@@ -26,6 +26,8 @@ from codeparrot.training import micro_batch
 from codeparrot.training.config import TrainConfig
 from codeparrot.training.micro_batch import MemoryTest, StepProbe, Trial, largest_that_fits
 
+from .in_process import train_here
+
 
 def _auto(*extra: str) -> TrainConfig:
     return load_config(TrainConfig, None, ["--batch.micro_batch_size", "auto", "--batch.global_batch_size", "192",
@@ -247,29 +249,18 @@ def one_thread():
 
 
 @pytest.fixture(autouse=True)
-def fresh_accelerate_state(monkeypatch):
-    from accelerate.state import AcceleratorState, GradientState
-
+def no_peak_measurement(monkeypatch, fresh_accelerate_state):
     monkeypatch.setenv("CODEPARROT_PEAK_TFLOPS", "1")  # MFU's CPU peak is not what these runs test (seconds each)
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def _run(toy, name, micro, max_steps=4, resume=None):
     """A toy run with 8 sequences per step and a constant learning rate (so a 2-step run resumed to 4 steps is
     the 4-step run); returns (result, {step: loss})."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    from codeparrot.training.train import train
-
     cfg = toy.config(run_name=name, max_steps=max_steps, **{
         "output_dir": str(toy.root / "runs" / name), "data.valid": "", "checkpoint.push": False,
         "batch.micro_batch_size": micro, "batch.global_batch_size": 8, "schedule.name": "constant",
         "schedule.warmup_steps": 0, "checkpoint.save_steps": 2, "logging.log_steps": 1, "data.seq_length": 32})
-    result = train(cfg, resume=resume)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    result = train_here(cfg, resume=resume)
     lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
     return result, {e["step"]: e["loss"] for e in map(json.loads, lines) if "loss" in e}
 

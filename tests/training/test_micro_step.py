@@ -22,6 +22,7 @@ from codeparrot.training.loss import FinalNormOutput, FusedHead
 from codeparrot.training.micro_step import MicroStep, graph_refusal, resolve_cuda_graphs
 
 from ..host_reads import HostReads
+from .in_process import train_here
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -208,19 +209,11 @@ def dropout_toy(tmp_path_factory, stdlib_texts):
 
 
 def _train_losses(toy, name: str, graphs: bool, steps: int = 8, resume: str | None = None, **extra) -> list[float]:
-    from accelerate.state import AcceleratorState, GradientState
-
-    from codeparrot.training.train import train
-
     cfg = toy.config(max_steps=steps, run_name=name, output_dir=str(toy.root / "runs" / name), cuda_graphs=graphs,
                      mixed_precision="bf16", revision=None, **{
                          "batch.micro_batch_size": 4, "batch.gradient_accumulation_steps": 2, "logging.log_steps": 1,
                          "checkpoint.save_steps": 4, "checkpoint.push": False, **extra})
-    try:
-        train(cfg, resume=resume)
-    finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+    train_here(cfg, resume=resume)
     lines = (toy.root / "runs" / name / "metrics.jsonl").read_text().splitlines()
     return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from codeparrot.repository.model import load_pretrained_model
 from codeparrot.training.loss import FusedHead, forward_loss, fused_head_weight
 from codeparrot.training.validation import evaluate
+
+from .in_process import reset_accelerate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,18 +34,12 @@ class MatmulDtypes(TorchDispatchMode):
 
 
 @pytest.fixture
-def accelerator_of():
-    made = []
-
+def accelerator_of(fresh_accelerate_state):
     def make(mixed_precision):
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        made.append(Accelerator(cpu=True, mixed_precision=mixed_precision))
-        return made[-1]
+        reset_accelerate()  # a second Accelerator in one test: its own mixed precision, not the first one's
+        return Accelerator(cpu=True, mixed_precision=mixed_precision)
 
-    yield make
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    return make
 
 
 def prepared(tiny_models, accelerator):

@@ -18,7 +18,8 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.optim import lr_factor
 
-pytestmark = pytest.mark.slow(60)  # training launches: first in `make test`'s order
+pytestmark = [pytest.mark.slow(60),  # training launches: first in `make test`'s order
+              pytest.mark.usefixtures("fresh_accelerate_state")]
 
 # Run as the training script, with the loss of the given (1-based) forward calls of one rank turned into NaN:
 # a batch that blows up, as a corrupt record or an overflow would.
@@ -39,15 +40,6 @@ runpy.run_path("scripts/train.py", run_name="__main__")
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory, stdlib_texts):
     return build_toy_run(tmp_path_factory.mktemp("nonfinite"), stdlib_texts[:30], vocab_size=300)
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def _config(toy, tmp_path, **overrides):

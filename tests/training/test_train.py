@@ -18,6 +18,8 @@ from codeparrot.tools.toy_run import build_toy_run
 from codeparrot.training.checkpointing import list_checkpoints, resolve_resume
 from codeparrot.training.optim import lr_factor
 
+from .in_process import train_here
+
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory, stdlib_texts):
@@ -32,22 +34,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each in-process run builds its own Accelerator (accelerate keeps process-wide singletons)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
-def _train(cfg, **kwargs):
-    from codeparrot.training.train import train
-
-    return train(cfg, **kwargs)
 
 
 def _weights(folder) -> dict[str, torch.Tensor]:
@@ -106,7 +92,7 @@ def test_fused_loss_through_the_model_matches_hugging_face(toy):
     assert (bf16_sum / count).item() == pytest.approx(ref.item(), rel=2e-2)
 
 
-def test_single_batch_overfit(toy):
+def test_single_batch_overfit(toy, fresh_accelerate_state):
     """One fixed batch, repeated: the loss starts near ln(vocab) (a fresh GPT-2 predicts ~uniformly) and the
     optimizer (our param groups and schedule, Accelerate's backward) drives it to ~0."""
     from accelerate import Accelerator
@@ -141,14 +127,10 @@ def test_single_batch_overfit(toy):
 def full_run(toy):
     """12 steps with everything on: logging, eval on the whole valid split, checkpoints (keep 2), pushes,
     TensorBoard + W&B (offline), a profiled window."""
-    from accelerate.state import AcceleratorState, GradientState
-
     cfg = toy.config(run_name="full", max_steps=12, **{
         "output_dir": str(toy.root / "runs" / "full"), "logging.log_steps": 3, "logging.trackers": ["tensorboard", "wandb"],
         "checkpoint.save_steps": 4, "checkpoint.keep_last": 2, "eval.eval_steps": 6, "eval.max_eval_steps": -1})
-    result = _train(cfg, profile_steps=(2, 3))
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    result = train_here(cfg, profile_steps=(2, 3))
     return cfg, result
 
 
@@ -275,8 +257,6 @@ def test_trackers_and_profile_written(full_run):
 def test_gradient_accumulation_is_equivalent(toy):
     """4 sequences per step as 1 × 4, 2 × 2 and 4 × 1 micro-batches, with activation checkpointing, and with
     the Hugging Face loss instead of the fused one: the same weights (fp32 tolerance)."""
-    from accelerate.state import AcceleratorState, GradientState
-
     weights = []
     variants = ((4, 1, {}), (2, 2, {}), (1, 4, {}), (4, 1, {"gradient_checkpointing": True}),
                 (2, 2, {"fused_loss": False}))  # the last: Hugging Face's own loss instead of the fused one
@@ -286,10 +266,8 @@ def test_gradient_accumulation_is_equivalent(toy):
             "output_dir": str(toy.root / "runs" / name), "data.valid": "", "checkpoint.push": False,
             "batch.micro_batch_size": micro, "batch.gradient_accumulation_steps": accum, "logging.log_steps": 3,
             **extra})
-        result = _train(cfg)
+        result = train_here(cfg)
         weights.append(_weights(result.last_checkpoint))
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
     # fp32 summation order differs between the variants; AdamW turns that into differences far below one
     # step's size (lr 1e-3): 1e-5 absolute is 1% of a step
     for other in weights[1:]:
@@ -306,8 +284,6 @@ def test_steps_between_log_lines_read_nothing_on_the_host(toy):
     summary): the steps themselves (micro-steps with accumulation, clipping, the non-finite guard, fused AdamW as
     on CUDA, the schedule) read none. On a GPU each read is a sync that empties the queue the CPU keeps ahead of
     the GPU; this holds the loop to none between log steps."""
-    from accelerate.state import AcceleratorState, GradientState
-
     from ..host_reads import HostReads
 
     counts = []
@@ -316,12 +292,8 @@ def test_steps_between_log_lines_read_nothing_on_the_host(toy):
             "output_dir": str(toy.root / "runs" / f"reads{steps}"), "data.valid": "", "checkpoint.push": False,
             "checkpoint.save_steps": 0, "batch.micro_batch_size": 2, "batch.gradient_accumulation_steps": 2,
             "logging.log_steps": steps, "optim.fused": True})
-        try:
-            with HostReads() as reads:
-                _train(cfg)
-        finally:
-            AcceleratorState._reset_state(True)
-            GradientState._reset_state()
+        with HostReads() as reads:
+            train_here(cfg)
         counts.append(reads.count)
     assert counts[0] == counts[1] > 0
 
@@ -332,7 +304,7 @@ def test_inspect_batches_shows_real_text_with_boundaries(toy, capsys, stdlib_tex
     snippets = [text[:120] for text in stdlib_texts[:80]]  # short files: several boundaries per 64-token row
     data = write_shards(snippets, tmp_path / "short")
     cfg = toy.config(run_name="inspect", **{"output_dir": str(toy.root / "runs" / "inspect"), "data.train": str(data)})
-    assert _train(cfg, inspect_batches=2) is None
+    assert train_here(cfg, inspect_batches=2) is None
     out = capsys.readouterr().out
     assert out.count("batch 0 row") == 4 and out.count("batch 1 row") == 4 and "batch 2 row" not in out
     marker = "─" * 20 + " <|endoftext|> " + "─" * 20
@@ -366,7 +338,7 @@ def test_bad_inputs_fail_before_any_compute(toy, tmp_path, stdlib_texts):
         run_dir = tmp_path / "run"
         cfg = toy.config(run_name="bad", **{"output_dir": str(run_dir), **overrides})
         with pytest.raises(CodeParrotError, match=re.escape(message)):
-            _train(cfg, **kwargs)
+            train_here(cfg, **kwargs)
         assert not run_dir.exists(), overrides  # failed before creating anything
 
 
@@ -397,7 +369,7 @@ def test_a_failing_tracker_only_warns(toy, monkeypatch):
         "checkpoint.push": False, "logging.log_steps": 1})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = _train(cfg)
+        result = train_here(cfg)
     assert result.step == 2
     assert any("tracker tensorboard could not start" in str(w.message) for w in caught)
 
@@ -426,7 +398,7 @@ def test_a_failed_run_finishes_its_queued_pushes_before_it_reports(toy, monkeypa
         "output_dir": str(toy.root / "runs" / "failed-push"), "checkpoint.save_steps": 2, "checkpoint.push": True,
         "eval.eval_steps": 3, "logging.log_steps": 2})
     with pytest.raises(RuntimeError, match="evaluation crashed"):
-        _train(cfg)
+        train_here(cfg)
     steps = [c.step for c in open_repository(str(toy.repo)).list_commits("failed-push") if c.step]
     assert steps == [2]
 
@@ -434,30 +406,24 @@ def test_a_failed_run_finishes_its_queued_pushes_before_it_reports(toy, monkeypa
 def test_interrupted_save_never_breaks_latest(toy, monkeypatch):
     """A save that dies half-way (here: the data position cannot be written) leaves the previous checkpoints
     and `--resume auto` untouched; the next save clears the leftover."""
-    from accelerate.state import AcceleratorState, GradientState
-
     from codeparrot.training import checkpointing
 
     run_dir = toy.root / "runs" / "atomic"
     base = dict(run_name="atomic", **{"output_dir": str(run_dir), "data.valid": "", "checkpoint.push": False,
                                       "checkpoint.save_steps": 2, "logging.log_steps": 2})
-    _train(toy.config(max_steps=2, **base))
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    train_here(toy.config(max_steps=2, **base))
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpointing.torch, "save", disk_full)
     with pytest.raises(OSError):
-        _train(toy.config(max_steps=4, **base), resume="auto")
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+        train_here(toy.config(max_steps=4, **base), resume="auto")
     assert [s for s, _ in list_checkpoints(run_dir)] == [2]
     assert resolve_resume("auto", run_dir).name == "step-2"
     assert (run_dir / "checkpoints" / ".step-4.partial").is_dir()  # the torn save, ignored
     monkeypatch.undo()
-    result = _train(toy.config(max_steps=4, **base), resume="auto")
+    result = train_here(toy.config(max_steps=4, **base), resume="auto")
     assert [s for s, _ in list_checkpoints(run_dir)] == [2, 4] and result.step == 4
     assert not (run_dir / "checkpoints" / ".step-4.partial").exists()
 

@@ -67,11 +67,10 @@ def test_padding_rows_are_masked_tokens():
 
 
 def test_a_dataset_without_one_complete_sequence_is_refused_before_the_model_loads(tiny_models, tmp_path,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch,
+                                                                                    fresh_accelerate_state):
     """It used to print `validation loss nan`, exit 0 and write NaN (not JSON) into the result; then to fail only
     after loading the model and evaluating."""
-    from accelerate.state import AcceleratorState, GradientState
-
     from codeparrot.errors import CodeParrotError
     from codeparrot.training import validation
 
@@ -81,14 +80,10 @@ def test_a_dataset_without_one_complete_sequence_is_refused_before_the_model_loa
     monkeypatch.setattr(validation, "load_pretrained_model", load)
     data = tmp_path / "short.jsonl"
     data.write_text('{"content": "x = 1"}\n')
-    try:
-        with pytest.raises(CodeParrotError, match=r"^--dataset .*short.jsonl holds \d tokens, not one sequence of 32 "
-                                                  r"tokens \(--seq-length\): its validation loss would be NaN; give at "
-                                                  r"least 32 tokens of validation data, a shorter --seq-length"):
-            validation.validation_loss(str(tiny_models["random"]), str(data), seq_length=32)
-    finally:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+    with pytest.raises(CodeParrotError, match=r"^--dataset .*short.jsonl holds \d tokens, not one sequence of 32 "
+                                              r"tokens \(--seq-length\): its validation loss would be NaN; give at "
+                                              r"least 32 tokens of validation data, a shorter --seq-length"):
+        validation.validation_loss(str(tiny_models["random"]), str(data), seq_length=32)
 
 
 def test_a_validation_split_without_one_sequence_is_refused_before_training(tiny_models, tmp_path):
