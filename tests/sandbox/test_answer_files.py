@@ -24,7 +24,7 @@ from codeparrot.errors import CodeParrotError
 from codeparrot.humaneval.problems import default_problems_file, load_problems
 from codeparrot.sandbox import Program, Sandbox, SandboxConfig
 
-from .test_process_ownership import PRIVATE_MOUNTS
+from .program_preludes import PRIVATE_MOUNTS
 
 PACKAGED = str(default_problems_file())
 # Reads the answer key from wherever `_open()` finds it (gzip or plain JSON lines) and answers with the task's

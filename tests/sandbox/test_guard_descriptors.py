@@ -20,7 +20,7 @@ import pytest
 import codeparrot.sandbox
 from codeparrot.sandbox import Program, SandboxConfig
 
-from .test_process_ownership import AS_UNPRIVILEGED
+from .program_preludes import AS_UNPRIVILEGED
 
 CHECK_ONE = "def check(candidate):\n    assert candidate() == 1\n"
 
