@@ -44,12 +44,17 @@ def is_private(cfg: PreprocessConfig) -> bool:
     return cfg.ray_address in PRIVATE_ADDRESSES
 
 
+def _install_sigterm(handler) -> None:
+    """`handler` (what `signal.getsignal` returned) installed for SIGTERM, at the C level too; None (a handler set
+    outside Python, which Python cannot put back) becomes the default action. Main thread only."""
+    signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
+
+
 def _reinstall_sigterm_handler() -> None:
     """This process's Python SIGTERM handler installed again, in place of what Ray's core left at the C level (its
     crash handler, or SIG_DFL after `ray.shutdown`). Only the main thread can; elsewhere nothing changes."""
     if threading.current_thread() is threading.main_thread():
-        handler = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
+        _install_sigterm(signal.getsignal(signal.SIGTERM))
 
 
 def ray_shutdown() -> None:
@@ -84,7 +89,7 @@ def ray_init(hold_sigterm: bool, **kwargs) -> None:
     finally:
         if rays_own is not None:
             ray_utils.set_sigterm_handler = rays_own
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)  # at the C level too
+        _install_sigterm(previous)
         if held:
             if ray.is_initialized():
                 ray_shutdown()  # before the stop unwinds: nothing of the Ray started here stays behind
