@@ -8,9 +8,10 @@
     POST /v1/completions           OpenAI completions (suffix = fill-in-the-middle), stream: chunks + [DONE]
     GET  /v1/models                OpenAI's model list (the one served model)
 
-Every request body is bounded in size and in time (--max-request-kb, 413; --body-timeout, 408: `body_limit.py`),
-validated by its schema (pydantic, strict for numbers and booleans; TGI routes answer 422, OpenAI routes 400, in one
-line naming the field and never echoing the input) and then by the API module's rules.
+Every request body is bounded in size and in time (--max-request-kb, 413; --body-timeout, 408: `body_limit.py`; the
+head before it, --header-timeout, is bounded below the app, in the protocol: `header_timeout.py`), validated by its
+schema (pydantic, strict for numbers and booleans; TGI routes answer 422, OpenAI routes 400, in one line naming the
+field and never echoing the input) and then by the API module's rules.
 Streams are Starlette `StreamingResponse`s of server-sent events; when the client disconnects, Starlette cancels the
 response's task, the generator's `finally` cancels the engine job, and its rows leave the batch at the next step.
 A request waiting for a non-streamed answer polls its connection for the same reason.

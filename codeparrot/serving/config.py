@@ -45,6 +45,10 @@ class ServeConfig:
     max_n: int = doc(16, "most sequences one request may ask for: OpenAI's n x number of prompts, TGI's best_of "
                          "(default 16)")
     max_request_kb: int = doc(1024, "largest request body in KB; larger ones are answered 413 (default 1024)")
+    header_timeout: float = doc(10.0, "seconds a client gets to send a request's line and headers, from when its "
+                                      "connection opens or its previous answer ends; a trickle of bytes does not "
+                                      "extend it; then it is disconnected (with a 408 if part of them came) "
+                                      "(default 10)")
     body_timeout: float = doc(30.0, "seconds a client gets to send a request's body once its headers are in; a slower "
                                     "one is answered 408 and disconnected (default 30)")
     shutdown_timeout: float = doc(30.0, "on SIGTERM or Ctrl-C, seconds the requests in flight get to finish before "
@@ -65,8 +69,9 @@ class ServeConfig:
                 raise CodeParrotError(f"{flag} must be at least 1, got {value}")
         if self.max_input_tokens == 1:
             raise CodeParrotError("--max-input-tokens must be at least 2 (the EOS put first and one token)")
-        if not self.body_timeout > 0:
-            raise CodeParrotError(f"--body-timeout must be positive, got {self.body_timeout}")
+        for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
+            if not seconds > 0:
+                raise CodeParrotError(f"{flag} must be positive, got {seconds}")
         if self.max_stop_sequences < 0 or self.shutdown_timeout < 0:
             raise CodeParrotError("--max-stop-sequences and --shutdown-timeout must not be negative")
         if self.api_key is not None and not self.api_key.strip():

@@ -32,6 +32,7 @@ from codeparrot.repository.refs import resolve_model_dir
 from codeparrot.serving.app import build_app
 from codeparrot.serving.config import API_KEY_ENV, ServeConfig
 from codeparrot.serving.engine import Engine
+from codeparrot.serving.header_timeout import header_deadline_protocol
 from codeparrot.serving.state import Limits, ModelInfo, ServingState
 
 
@@ -114,7 +115,9 @@ class Server(uvicorn.Server):
 
 def make_server(state: ServingState, cfg: ServeConfig, quiet: bool = False) -> Server:
     app = build_app(state, max_request_bytes=cfg.max_request_kb * 1024, body_timeout=cfg.body_timeout)
-    config = uvicorn.Config(app, lifespan="off", timeout_graceful_shutdown=cfg.shutdown_timeout,
+    # h11 with a deadline on request heads (header_timeout.py), whatever "auto" would pick
+    config = uvicorn.Config(app, http=header_deadline_protocol(cfg.header_timeout), lifespan="off",
+                            timeout_graceful_shutdown=cfg.shutdown_timeout,
                             log_level="warning" if quiet else cfg.log_level, access_log=not quiet,
                             log_config=None if quiet else uvicorn.config.LOGGING_CONFIG)
     return Server(config)
