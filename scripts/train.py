@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         raise CodeParrotError(f"--inspect-batches must be >= 0, got {args.inspect_batches}")
     profile = parse_profile_steps(args.profile_steps)
     cfg = load_config(TrainConfig, args.config, overrides)
+    from codeparrot.training.launch_checks import check_launch
+
+    check_launch(cfg.mixed_precision)  # a launch that is not one job, refused before the model code is imported
     from codeparrot.training.train import train  # heavy imports only after the arguments are known to be valid
 
     result = train(cfg, resume=args.resume, inspect_batches=args.inspect_batches, profile_steps=profile)

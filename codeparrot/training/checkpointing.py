@@ -68,7 +68,7 @@ class TrainerState:
 
 def run_setup(accelerator) -> dict:
     """What the layout of `training_state/` depends on besides the process count, recorded with every checkpoint and
-    compared on resume (training/launch_checks.py: `check_resume_setup`): Accelerate stores the optimizer (and
+    compared on resume (training/resume_checks.py: `check_resume_setup`): Accelerate stores the optimizer (and
     under FSDP the model) per distributed type and FSDP state-dict type, and a loss-scaler state only for fp16."""
     fsdp = accelerator.state.fsdp_plugin if accelerator.distributed_type == DistributedType.FSDP else None
     state_dict_type = None if fsdp is None else fsdp.state_dict_type

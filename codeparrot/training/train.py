@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator, PartialState
-from accelerate.utils import ProjectConfiguration, parse_flag_from_env, set_seed
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 
 from codeparrot.atomic_io import ensure_writable_dir
@@ -37,14 +37,7 @@ from codeparrot.training.checkpointing import (
 )
 from codeparrot.training.config import AUTO, TrainConfig
 from codeparrot.training.fast_path import FastPath, configure_cuda_allocator
-from codeparrot.training.launch_checks import (
-    check_gpu_visible,
-    check_one_job,
-    check_resume_setup,
-    check_sharding,
-    choose_resume,
-    saved_setup,
-)
+from codeparrot.training.launch_checks import check_launch, check_sharding
 from codeparrot.training.loss import fused_head_weight
 from codeparrot.training.mfu import mfu, model_flops_per_token, peak_flops
 from codeparrot.training.micro_batch import (
@@ -79,6 +72,7 @@ from codeparrot.training.reporting import (
     start_profiler,
     start_trackers,
 )
+from codeparrot.training.resume_checks import check_resume_setup, choose_resume, saved_setup
 from codeparrot.training.run_data import build_datasets, make_loader, print_batches, run_eval
 from codeparrot.training.sharding import enable_fsdp_on_cpu, reduce_gradients_in_fp32, report_sharding
 from codeparrot.training.stop_signal import StopSignal, restores_sigterm
@@ -107,13 +101,11 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     Everything that can be wrong with the inputs is checked before the first forward pass."""
 
     # ---- 1. inputs, checked before any compute ----
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() would read it
-    check_one_job(state.num_processes, state.distributed_type)  # never N independent trainings in one folder
-    check_gpu_visible(cfg.mixed_precision)  # bf16/fp16 asked for, a GPU here that torch cannot use: not on the CPU
+    state = check_launch(cfg.mixed_precision)  # one job, not N in one folder; bf16 on a GPU torch cannot see
     world, rank, main = state.num_processes, state.process_index, state.is_main_process
     cfg.accumulation_steps(world)  # one-line error when the budget does not divide (None for auto: measured below)
     run_dir = cfg.run_dir()
-    # the main process picks the checkpoint, every process checks it can use it (training/launch_checks.py)
+    # the main process picks the checkpoint, every process checks it can use it (training/resume_checks.py)
     start = choose_resume(resume, run_dir, world=world, main=main, max_steps=cfg.max_steps,
                           report=lambda text: print(text, file=sys.stderr))
     checkpoint = start.checkpoint

@@ -330,7 +330,7 @@ class ThreadGroup:
 def test_every_process_resumes_from_the_checkpoint_the_main_process_chose(tiny, tmp_path):
     """Each process used to resolve `--resume auto` itself: one seeing the shared run folder through a stale
     attribute cache (here: rank 1's own view holds only step-1) trained on from another checkpoint, silently."""
-    from codeparrot.training.launch_checks import choose_resume
+    from codeparrot.training.resume_checks import choose_resume
 
     run_dir, stale = tmp_path / "run", tmp_path / "stale-view"
     _save_two_process_checkpoint(tiny, run_dir, 1)
@@ -352,7 +352,7 @@ def test_a_checkpoint_a_process_cannot_use_fails_every_process_with_one_line(tin
     process: no process waits in a collective for one that failed."""
     import shutil
 
-    from codeparrot.training.launch_checks import choose_resume
+    from codeparrot.training.resume_checks import choose_resume
 
     chosen = _save_two_process_checkpoint(tiny, tmp_path, 2)
 
@@ -382,7 +382,7 @@ def test_a_resume_under_another_sharding_or_into_fp16_is_refused_at_start(tiny, 
     import json
 
     from codeparrot.training.checkpointing import read_state, run_setup
-    from codeparrot.training.launch_checks import check_resume_setup, saved_setup
+    from codeparrot.training.resume_checks import check_resume_setup, saved_setup
 
     folder = _save(tiny, tmp_path, 1)
     now = run_setup(tiny.accelerator)
