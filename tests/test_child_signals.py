@@ -1,5 +1,6 @@
-"""SIGTERM in a CLI: `run_cli` unwinds like Ctrl-C and says so (status 143); `sigterm_passed_to_children` hands it to
-the child a CLI waits for. Real processes and real signals: only the process under test is signalled."""
+"""SIGTERM in a CLI: `run_cli` unwinds like Ctrl-C and says so (status 143); `signals_passed_to_children` hands it
+(and a Ctrl-C the child did not get) to the child a CLI waits for. Real processes and real signals: only the process
+under test is signalled (or, for a terminal's Ctrl-C, its foreground group, through a pseudo-terminal)."""
 
 from __future__ import annotations
 
@@ -58,13 +59,13 @@ def test_sigterm_unwinds_a_cli_like_ctrl_c_and_a_second_one_does_not_cut_its_cle
 def test_a_waiting_cli_passes_sigterm_to_its_child_and_stops_itself_when_it_has_none(scripts_env):
     proc = _start(f"""
         import subprocess, sys, time
-        from codeparrot.child_signals import sigterm_passed_to_children
+        from codeparrot.child_signals import signals_passed_to_children
         from codeparrot.errors import run_cli
         def main():
-            with sigterm_passed_to_children() as sigterm:
+            with signals_passed_to_children() as sigterm:
                 code = subprocess.run([sys.executable, "-c", {CHILD!r}]).returncode
             print(f"child left with {{code}}, received {{sigterm.received}}", flush=True)
-            with sigterm_passed_to_children():
+            with signals_passed_to_children():
                 print("no child", flush=True)
                 time.sleep(60)
         run_cli(main)
@@ -119,11 +120,11 @@ def test_outside_a_cli_a_sigterm_with_no_child_keeps_its_default_action(scripts_
     # a notebook or a test calling run_stages / launch() directly: nothing ignored afterwards, the default kept
     proc = _start("""
         import signal, time
-        from codeparrot.child_signals import sigterm_passed_to_children
-        with sigterm_passed_to_children():
+        from codeparrot.child_signals import signals_passed_to_children
+        with signals_passed_to_children():
             pass
         print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
-        with sigterm_passed_to_children():
+        with signals_passed_to_children():
             print("no child", flush=True)
             time.sleep(60)
     """, scripts_env)
@@ -147,3 +148,63 @@ def test_a_process_of_a_multi_process_launch_leaves_the_sigterm_line_to_its_laun
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 143 and err == "", (out, err)
+
+
+# A child that takes a second to stop after Ctrl-C (a training run's clean-up) and counts the SIGINTs it gets.
+SLOW_CHILD = ("import signal, sys, time\n"
+              "def stop(*_):\n"
+              "    print('child got SIGINT', flush=True)\n"
+              "    time.sleep(1.0)\n"
+              "    print('child stopped', flush=True)\n"
+              "    sys.exit(130)\n"
+              "signal.signal(signal.SIGINT, stop)\n"
+              "print('child ready', flush=True)\n"
+              "time.sleep(60)\n")
+
+WAITING_CLI = f"""
+    import os, subprocess, sys
+    if len(sys.argv) > 1:  # a terminal: this new session's controlling one, its foreground group this process's
+        os.close(os.open(sys.argv[1], os.O_RDWR))
+    from codeparrot.child_signals import signals_passed_to_children
+    from codeparrot.errors import run_cli
+    def main():
+        with signals_passed_to_children() as stop:
+            code = subprocess.run([sys.executable, "-c", {SLOW_CHILD!r}]).returncode
+        print(f"child left with {{code}}, interrupted {{stop.interrupted}}", flush=True)
+        raise KeyboardInterrupt
+    run_cli(main)
+"""
+
+
+def _start_session(program: str, scripts_env, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(program), *args], env=scripts_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def test_ctrl_c_to_a_waiting_cli_alone_is_passed_on_and_the_cli_waits_for_its_child(scripts_env):
+    """`kill -INT PID` of a CLI without a terminal: it used to leave 0.25 s later, the child still running."""
+    proc = _start_session(WAITING_CLI, scripts_env)
+    _wait_for(proc, "child ready")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert out.splitlines() == ["child got SIGINT", "child stopped", "child left with 130, interrupted True"], out
+    assert proc.returncode == 130 and err == "interrupted\n", err
+
+
+def test_a_terminals_ctrl_c_reaches_the_child_once_and_the_cli_waits_for_it(scripts_env):
+    """The terminal signals its whole foreground group: the CLI passes nothing on (a second KeyboardInterrupt
+    would cut the child's clean-up short) and still waits for the child."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = _start_session(WAITING_CLI, scripts_env, os.ttyname(slave))
+        _wait_for(proc, "child ready")
+        os.write(master, b"\x03")  # Ctrl-C typed in the terminal
+        out, err = proc.communicate(timeout=30)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert out.splitlines() == ["child got SIGINT", "child stopped", "child left with 130, interrupted True"], out
+    assert proc.returncode == 130

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from codeparrot.atomic_io import atomic_write_json
-from codeparrot.child_signals import sigterm_passed_to_children
+from codeparrot.child_signals import signals_passed_to_children
 from codeparrot.config import doc
 from codeparrot.errors import CodeParrotError, Terminated
 from codeparrot.tools.demo_summary import print_summary
@@ -217,16 +217,16 @@ def run_stage(out: Path, stage: Stage, rerun: str = "make demo") -> float:
     command = portable(stage.command, out)
     atomic_write_json(_marker(out, stage), {"command": command, "finished": None})
     start = time.perf_counter()
-    with sigterm_passed_to_children() as sigterm:  # the stage stops its own way (training: with a checkpoint)
+    with signals_passed_to_children() as stop:  # the stage stops its own way (training: with a checkpoint)
         result = subprocess.run(stage.command, env=env, cwd=REPO_ROOT)
     seconds = time.perf_counter() - start
     if result.returncode == 0:
         atomic_write_json(_marker(out, stage), {"command": command, "seconds": round(seconds, 1),
                                                 "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
     pipeline = rerun.removeprefix("make ")
-    if sigterm.received:  # also when the stage still finished: the stop is for the whole pipeline
+    if stop.received or stop.interrupted:  # also when the stage still finished: the stop is for the whole pipeline
         print(f"{pipeline} stage '{stage.name}' was stopped (re-run `{rerun}` to resume from it)", file=sys.stderr)
-        raise Terminated
+        raise Terminated if stop.received else KeyboardInterrupt
     if result.returncode != 0:
         raise CodeParrotError(f"{pipeline} stage '{stage.name}' failed with exit code {result.returncode} "
                               f"(re-run `{rerun}` to resume from this stage)")

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 
-from codeparrot.child_signals import sigterm_passed_to_children
+from codeparrot.child_signals import signals_passed_to_children
 from codeparrot.errors import LAUNCHER_REPORTS_ENV, PREEMPTED_EXIT, REPORTED_EXITS, USER_ERROR_EXIT, Terminated
 
 # torch elastic's loggers report each failed process ("failed (exitcode: 2) local_rank: 0 ...") and the
@@ -90,11 +90,12 @@ def launch(argv: list[str]) -> int:
     # read by run_cli in the processes; it only holds back its print where torch elastic gave an error file
     # (the multi-process launchers), the one-process launcher lets the process print
     os.environ[LAUNCHER_REPORTS_ENV] = "1"
-    sigterm = None
+    stop = None
     try:
-        # accelerate's one-process launcher leaves SIGTERM to kill it and orphan the run: pass it on (the run saves a
-        # checkpoint and leaves with 143); several processes: torch elastic's agent takes it over and forwards it
-        with sigterm_passed_to_children() as sigterm:
+        # accelerate's one-process launcher leaves SIGTERM to kill it and Ctrl-C to end it 0.25 s later, orphaning
+        # the run: pass them on and wait (the run saves a checkpoint and leaves with 143 on SIGTERM); several
+        # processes: torch elastic's agent takes them over and forwards them
+        with signals_passed_to_children() as stop:
             launch_command(args)
     except ChildFailedError as err:
         # a user error any process recorded (all ranks run the same checks; the lowest rank's is shown) is the
@@ -113,7 +114,11 @@ def launch(argv: list[str]) -> int:
         # a signal has a negative code; leave with the shell's 128 + signal convention
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     except subprocess.CalledProcessError as err:  # the one-process launcher
-        if sigterm is not None and sigterm.received and err.returncode == -signal.SIGTERM:
+        if stop is not None and stop.interrupted and err.returncode in (130, -signal.SIGINT):
+            if err.returncode < 0:  # killed by it, silently (130: run_cli said "interrupted" in the run)
+                print("interrupted", file=sys.stderr, flush=True)
+            return 130
+        if stop is not None and stop.received and err.returncode == -signal.SIGTERM:
             # the SIGTERM passed on reached the run before it took SIGTERM over (while it imported torch): a stop
             print("stopped by SIGTERM", file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
