@@ -59,11 +59,13 @@ class ExportStats:
     files_written: int = 0
     bytes_written: int = 0  # content bytes
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    first_skipped: dict[str, str] = field(default_factory=dict)  # reason -> the first path skipped for it
     shards: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, path: str | os.PathLike) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.first_skipped.setdefault(reason, os.fsdecode(path))
 
 
 def _walk(root: Path, stats: ExportStats, suffix: str) -> Iterator[tuple[Path, int]]:
@@ -71,7 +73,7 @@ def _walk(root: Path, stats: ExportStats, suffix: str) -> Iterator[tuple[Path, i
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError:
-        stats.skip("unreadable folder")
+        stats.skip("unreadable folder", root)
         return
     subdirs = []
     for entry in entries:
@@ -86,7 +88,7 @@ def _walk(root: Path, stats: ExportStats, suffix: str) -> Iterator[tuple[Path, i
             elif entry.is_file() and entry.name.endswith(suffix):
                 yield Path(entry.path), entry.stat().st_size
         except OSError:
-            stats.skip("unreadable file")
+            stats.skip("unreadable file", entry.path)
     for entry in subdirs:
         yield from _walk(Path(entry.path), stats, suffix)
 
@@ -103,7 +105,7 @@ def find_source_files(src_dirs: list[Path], stats: ExportStats, suffix: str = ".
         src = src.resolve()
         for path, size in _walk(src, stats, suffix):
             if not min_size <= size < max_size:
-                stats.skip("outside size window")
+                stats.skip("outside size window", path)
                 continue
             rel = path.relative_to(src)
             if repo_per_subfolder and len(rel.parts) > 1:
@@ -147,22 +149,22 @@ def _write_files(files: list[SourceFile], writer: ShardWriter, stats: ExportStat
         try:
             data = source.abs_path.read_bytes()
         except OSError:
-            stats.skip("unreadable file")
+            stats.skip("unreadable file", source.abs_path)
             continue
         try:
             content = data.decode("utf-8")
         except UnicodeDecodeError:
-            stats.skip("not UTF-8")
+            stats.skip("not UTF-8", source.abs_path)
             continue
         if not min_size <= len(data) < max_size:  # changed since it was listed
-            stats.skip("outside size window")
+            stats.skip("outside size window", source.abs_path)
             continue
         record = {"repo_name": source.repo_name, "path": source.path, "copies": "1", "size": str(len(data)),
                   "content": content, "license": "unknown"}
         try:
             line = json.dumps(record, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:  # a folder or file name that is not UTF-8 (its bytes are surrogates in a str)
-            stats.skip("name not UTF-8")
+            stats.skip("name not UTF-8", source.abs_path)
             continue
         writer.write_line(line)
         stats.files_written += 1
@@ -201,5 +203,5 @@ def run_export(cfg: ExportConfig) -> ExportStats:
     print(f"exported {stats.files_written} files ({stats.bytes_written / 1e6:.1f} MB) into {len(stats.shards)} "
           f"shard(s) under {cfg.output_dir} in {stats.seconds:.1f}s ({rate:.0f} files/s)")
     for reason, count in sorted(stats.skipped.items()):
-        print(f"  skipped {count} ({reason})")
+        print(f"  skipped {count} ({reason}; first: {stats.first_skipped[reason]!r})")
     return stats

@@ -60,6 +60,7 @@ def test_export_writes_the_bigquery_format(tree, tmp_path):
         assert row["size"] == str(len(data)) and row["content"] == data.decode()  # INT64 as string, like BigQuery
     assert stats.files_written == 4
     assert stats.skipped == {"outside size window": 2, "not UTF-8": 1}
+    assert stats.first_skipped["not UTF-8"] == str(tree.resolve() / "pkg" / "latin1.py")  # the summary names it
 
 
 def test_export_shards_and_repo_per_subfolder(tree, tmp_path):
