@@ -7,8 +7,8 @@ Precedence is CLI > YAML file > dataclass defaults. Every field is declared with
         lr: float = doc(5e-4, "Peak learning rate after warmup.")
 
 Nested dataclasses are addressed with dots on the command line (`--optim.lr 2e-4` or `--optim.lr=2e-4`)
-and as nested mappings in YAML. Unknown keys and values of the wrong type are a one-line
-`CodeParrotError` naming the key (and the file), never a silent default.
+and as nested mappings in YAML. Unknown keys, keys given twice in a file, values of the wrong type and NaN or
+infinite numbers are a one-line `CodeParrotError` naming the key (and the file), never a silent default.
 
 Stages whose scripts keep classic flags (`--output-dir DIR`, `--no-progress`) generate them from the same
 declarations (`codeparrot.config_flags`). `doc(...)` takes the few command-line details a field's type cannot
@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -34,6 +35,9 @@ T = TypeVar("T")
 
 # `doc(REQUIRED, ...)`: a field without a default, and a required flag on the command line.
 REQUIRED: Any = dataclasses.MISSING
+# The longest wait (timeout, stall limit) a config accepts: a week, far beyond any real one, and within what
+# Python's timers take (a thread join's timeout or faulthandler's overflow past about 10^10 seconds).
+MAX_WAIT_SECONDS = 7 * 24 * 3600
 _CLI_KEYS = frozenset({"flag", "inverted", "nargs", "metavar", "group", "exclusive", "required", "cli", "extend",
                        "negatable"})
 
@@ -88,6 +92,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        candidates = [arg for arg in args if arg is not type(None)]
+        if len(candidates) == 1:  # Optional[X]: X's own message ("expected a finite number") says more
+            return _coerce(value, candidates[0], key)
         for arg in args:
             if arg is type(None):
                 continue
@@ -132,14 +139,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise CodeParrotError(f"{key}: expected an integer, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise CodeParrotError(f"{key}: expected a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CodeParrotError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        return _finite_float(value, key)
     if tp is str:
         if isinstance(value, (dict, list)):
             raise CodeParrotError(f"{key}: expected a string, got {value!r}")
@@ -149,6 +149,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise CodeParrotError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, prefix=f"{key}.")
     return value
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """A float field's value. NaN and infinities are refused here, once for every config: they pass every range
+    check (`nan < 0` and `nan > 0` are both false) and then fail far away (torch's optimizer, a thread join) or
+    silently switch a limit off. No field uses inf for "no limit": those say null or 0."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise CodeParrotError(f"{key}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CodeParrotError(f"{key}: expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise CodeParrotError(f"{key}: expected a finite number, got {value!r}")
+    return number
 
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
@@ -177,21 +197,57 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (at any depth). Plain YAML keeps the last
+    one silently: a second `optim:` section would drop the first one's `lr`. Keys brought in by the merge key
+    `<<` may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first_line[key]})", key_node.start_mark)
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; unreadable or non-UTF-8 files are a one-line error naming the file (and line)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise CodeParrotError(f"{path}: cannot read the config file: {err.strerror or err}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise CodeParrotError(f"{path}:{line}: not UTF-8 text (byte offset {err.start}): save the config file as "
+                              "UTF-8") from None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file or a syntax error is a one-line error naming the file and line."""
+    """Read a YAML mapping of config keys. A missing, unreadable, non-UTF-8 or empty file, a syntax error, a key
+    given twice and a top level that is not a mapping are one-line errors naming the file (and line)."""
     path = Path(path)
+    if path.is_dir():
+        raise CodeParrotError(f"{path} is a folder, not a config file: give a YAML file")
     if not path.is_file():
         raise CodeParrotError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(_read_text(path), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise CodeParrotError(f"{where}: invalid YAML: {getattr(err, 'problem', err)}") from None
-    if data is None:
-        return {}
+    if data is None:  # an empty (or comments-only) file: most likely a truncated or wrong file, not "defaults"
+        raise CodeParrotError(f"{path}: the config file is empty: it sets no keys (leave it out for the defaults)")
     if not isinstance(data, dict):
-        raise CodeParrotError(f"{path}: expected a mapping of config keys at the top level")
+        raise CodeParrotError(f"{path}: expected a mapping of config keys at the top level, got "
+                              f"{type(data).__name__} {data!r:.60}")
     return data
 
 

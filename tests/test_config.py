@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 import pytest
 
-from codeparrot.config import REQUIRED, describe, doc, load_config, parse_overrides, to_dict
+from codeparrot.config import REQUIRED, describe, doc, from_dict, load_config, load_yaml, parse_overrides, to_dict
 from codeparrot.config_flags import config_parser, parse_config
 from codeparrot.errors import CodeParrotError
 
@@ -26,6 +26,12 @@ class Cfg:
     schedule: Literal["cosine", "linear"] = doc("cosine", "lr schedule")
     resume: Optional[str] = doc(None, "checkpoint to resume from")
     optim: Optim = doc(Optim, "optimizer settings")
+
+
+@dataclass
+class Limits:
+    limit: Optional[float] = doc(None, "a limit; null = none")
+    rates: list[float] = doc([], "some rates")
 
 
 def test_defaults_then_yaml_then_cli(tmp_path):
@@ -70,6 +76,79 @@ def test_yaml_errors_name_the_file_and_line(tmp_path):
         load_config(Cfg, path)
     with pytest.raises(CodeParrotError, match="config file not found"):
         load_config(Cfg, tmp_path / "missing.yaml")
+
+
+def test_a_key_given_twice_is_refused_at_any_depth_naming_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    for text, line, key, first in [("steps: 2\nname: a\nsteps: 8\n", 3, "steps", 1),
+                                   ("optim:\n  lr: 1.0e-3\n  betas: [0.9, 0.95]\n  lr: 2.0e-3\n", 4, "lr", 2),
+                                   ("optim:\n  lr: 1.0e-3\nsteps: 2\noptim:\n  betas: [0.9, 0.95]\n", 4, "optim", 1)]:
+        path.write_text(text)
+        with pytest.raises(CodeParrotError) as err:
+            load_config(Cfg, path)
+        assert str(err.value) == f"{path}:{line}: invalid YAML: duplicate key {key!r} (first on line {first})"
+
+
+def test_the_yaml_merge_key_still_overrides_what_it_merges(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &base\n  steps: 3\n  name: a\nrun:\n  <<: *base\n  steps: 5\n")
+    assert load_yaml(path)["run"] == {"steps": 5, "name": "a"}
+
+
+def test_unreadable_non_utf8_and_folder_config_files_are_one_line_errors(tmp_path, monkeypatch):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("steps: 3\nname: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(CodeParrotError, match=rf"^{path}:2: not UTF-8 text \(byte offset 18\)"):
+        load_config(Cfg, path)
+    with pytest.raises(CodeParrotError, match=rf"^{tmp_path} is a folder, not a config file"):
+        load_config(Cfg, tmp_path)
+    path.write_text("steps: 3\n")
+
+    def refuse(self):  # what a file without read permission does (the tests may run as root, who reads anything)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(path), "read_bytes", refuse)
+    with pytest.raises(CodeParrotError, match=rf"^{path}: cannot read the config file: Permission denied$"):
+        load_config(Cfg, path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "the config file is empty"),
+    ("# every key commented out\n# steps: 3\n\n", "the config file is empty"),
+    ("- steps\n- 3\n", "expected a mapping of config keys at the top level, got list"),
+    ("steps\n", "expected a mapping of config keys at the top level, got str 'steps'"),
+])
+def test_an_empty_file_or_a_top_level_that_is_no_mapping_is_refused(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(CodeParrotError, match=f"^{path}: {message}"):
+        load_config(Cfg, path)
+    path.write_text("{}\n")  # an explicit empty mapping says "all defaults" on purpose
+    assert load_config(Cfg, path) == Cfg()
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e999"])
+def test_non_finite_floats_are_refused_from_the_command_line(value):
+    with pytest.raises(CodeParrotError, match=r"^command line: optim\.lr: expected a finite number, got "):
+        load_config(Cfg, None, ["--optim.lr", value])
+
+
+def test_non_finite_floats_are_refused_from_yaml_lists_optionals_and_flags(tmp_path):
+    path = tmp_path / "c.yaml"
+    for spelling, shown in ((".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan")):
+        path.write_text(f"optim:\n  lr: {spelling}\n")
+        with pytest.raises(CodeParrotError, match=rf"^{path}: optim\.lr: expected a finite number, got {shown}$"):
+            load_config(Cfg, path)
+    path.write_text("rates: [0.5, .nan]\n")
+    with pytest.raises(CodeParrotError, match=rf"^{path}: rates\[1\]: expected a finite number, got nan$"):
+        load_config(Limits, path)
+    with pytest.raises(CodeParrotError, match=r"^limit: expected a finite number, got 10{400}$"):
+        from_dict(Limits, {"limit": 10**400})  # an integer beyond float's range
+    with pytest.raises(CodeParrotError, match=r"^limit: expected a finite number, got nan$"):
+        from_dict(Limits, {"limit": "nan"})  # Optional[float]: the float's own message, not "float | None"
+    with pytest.raises(CodeParrotError, match=r"^limit: expected a finite number, got inf$"):
+        parse_config(Limits, ["--limit", "inf"])  # flags generated from the dataclass
+    assert from_dict(Limits, {"limit": None}).limit is None and from_dict(Limits, {"limit": "2"}).limit == 2.0
 
 
 def test_null_clears_optional_and_describe_lists_every_field():

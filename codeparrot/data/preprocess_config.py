@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from codeparrot.config import doc
+from codeparrot.config import MAX_WAIT_SECONDS, doc
 from codeparrot.config_flags import given_fields, parse_config
 from codeparrot.data.filters import FilterConfig
 from codeparrot.data.records import MAX_RECORD_BYTES
@@ -131,8 +131,9 @@ class PreprocessConfig:
             raise CodeParrotError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
         if self.num_workers < 0:
             raise CodeParrotError(f"--num-workers must be >= 0, got {self.num_workers}")
-        if self.stall_minutes < 0:
-            raise CodeParrotError(f"--stall-minutes must be >= 0 (0 = off), got {self.stall_minutes}")
+        if not 0 <= self.stall_minutes <= MAX_WAIT_SECONDS / 60:
+            raise CodeParrotError(f"--stall-minutes must be in [0, {MAX_WAIT_SECONDS // 60}] (0 = off), "
+                                  f"got {self.stall_minutes}")
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise CodeParrotError(f"--jaccard-threshold must be in (0, 1], got {self.jaccard_threshold}")
         if self.num_perm < 2 or self.min_tokens < 1:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from codeparrot.config import REQUIRED, doc
+from codeparrot.config import MAX_WAIT_SECONDS, REQUIRED, doc
 from codeparrot.errors import CodeParrotError
 from codeparrot.inference.config import DEVICE_HELP, MODEL_HELP, REVISION_HELP
 from codeparrot.loopback import is_loopback
@@ -53,7 +53,7 @@ class ServeConfig:
                                     "one is answered 408 and disconnected (default 30)")
     shutdown_timeout: float = doc(30.0, "on SIGTERM or Ctrl-C, seconds the requests in flight get to finish before "
                                         "they are cancelled (default 30)")
-    threads: int | None = doc(None, "torch CPU threads (default: torch's own choice)")
+    threads: int | None = doc(None, "torch CPU threads, at least 1 (default: torch's own choice)")
     log_level: Literal["warning", "info", "debug"] = doc("info", "server log level; info logs a line per request "
                                                                  "(default info)")
 
@@ -63,17 +63,24 @@ class ServeConfig:
         for flag, value in (("--max-batch-size", self.max_batch_size),
                             ("--max-concurrent-requests", self.max_concurrent_requests),
                             ("--max-new-tokens", self.max_new_tokens), ("--max-n", self.max_n),
-                            ("--max-request-kb", self.max_request_kb), ("--threads", self.threads or 1),
-                            ("--max-input-tokens", self.max_input_tokens or 2)):
+                            ("--max-request-kb", self.max_request_kb)):
             if value < 1:
                 raise CodeParrotError(f"{flag} must be at least 1, got {value}")
-        if self.max_input_tokens == 1:
-            raise CodeParrotError("--max-input-tokens must be at least 2 (the EOS put first and one token)")
+        # Unset means the default; 0 is not another spelling of it (it would be silently ignored).
+        if self.threads is not None and self.threads < 1:
+            raise CodeParrotError(f"--threads must be at least 1 (leave it out for torch's choice), got {self.threads}")
+        if self.max_input_tokens is not None and self.max_input_tokens < 2:
+            raise CodeParrotError("--max-input-tokens must be at least 2 (the EOS put first and one token; leave it "
+                                  f"out for the model's context - 1), got {self.max_input_tokens}")
         for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
-            if not seconds > 0:
-                raise CodeParrotError(f"{flag} must be positive, got {seconds}")
-        if self.max_stop_sequences < 0 or self.shutdown_timeout < 0:
-            raise CodeParrotError("--max-stop-sequences and --shutdown-timeout must not be negative")
+            if not 0 < seconds <= MAX_WAIT_SECONDS:
+                raise CodeParrotError(f"{flag} must be positive and at most {MAX_WAIT_SECONDS} s (a week), "
+                                      f"got {seconds:g}")
+        if not 0 <= self.shutdown_timeout <= MAX_WAIT_SECONDS:
+            raise CodeParrotError(f"--shutdown-timeout must be >= 0 and at most {MAX_WAIT_SECONDS} s (a week), "
+                                  f"got {self.shutdown_timeout:g}")
+        if self.max_stop_sequences < 0:
+            raise CodeParrotError(f"--max-stop-sequences must not be negative, got {self.max_stop_sequences}")
         if self.api_key is not None and not self.api_key.strip():
             raise CodeParrotError("--api-key is empty")
         if not (self.resolved_api_key() or self.allow_unauthenticated or is_loopback(self.host)):

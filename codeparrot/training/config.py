@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from codeparrot.config import REQUIRED, doc
+from codeparrot.config import MAX_WAIT_SECONDS, REQUIRED, doc
 from codeparrot.data.records import resolve_data_files, split_folders
 from codeparrot.errors import CodeParrotError
 
@@ -187,15 +187,17 @@ class TrainConfig:
 
     # ---- checks that need nothing but the config (model/data checks happen in train() before compute) ----
     def validate(self) -> None:
-        def positive(name: str, value: float, allow_zero: bool = False) -> None:
+        def positive(name: str, value: float, allow_zero: bool = False, at_most: float | None = None) -> None:
             if value < 0 or (value == 0 and not allow_zero):
                 raise CodeParrotError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+            if at_most is not None and value > at_most:
+                raise CodeParrotError(f"{name} must be at most {at_most:g}, got {value!r}")
 
         b, o, s = self.batch, self.optim, self.schedule
         positive("max_steps", self.max_steps)
         if self.max_minutes is not None:
             positive("max_minutes", self.max_minutes)
-        positive("stall_minutes", self.stall_minutes, allow_zero=True)
+        positive("stall_minutes", self.stall_minutes, allow_zero=True, at_most=MAX_WAIT_SECONDS / 60)
         positive("max_bad_steps", self.max_bad_steps)
         positive("data.seq_length", self.data.seq_length)
         positive("data.chars_per_token", self.data.chars_per_token)

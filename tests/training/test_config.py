@@ -79,6 +79,12 @@ def test_accelerate_config_is_one_node_multi_gpu_bf16(repo_root):
     (["--eval.max_eval_steps", "0"], "eval.max_eval_steps must be -1"),
     (["--run_name", "a b"], "run_name 'a b'"),
     (["--optim.betas", "[0.9, 1.5]"], "optim.betas"),
+    # NaN passes every `< 0` check and inf every `> 0` one: refused as values, never reaching torch or a timer
+    (["--optim.lr", "nan"], "optim.lr: expected a finite number, got nan"),
+    (["--max_minutes", "nan"], "max_minutes: expected a finite number, got nan"),
+    (["--stall_minutes", "inf"], "stall_minutes: expected a finite number, got inf"),
+    (["--optim.betas", "[0.9, .nan]"], "optim.betas[1]: expected a finite number"),
+    (["--stall_minutes", "1e9"], "stall_minutes must be at most 10080"),  # past what faulthandler's timer takes
 ])
 def test_bad_configs_are_one_line_errors(repo_root, overrides, message):
     with pytest.raises(CodeParrotError) as err:
@@ -90,11 +96,22 @@ def test_bad_configs_are_one_line_errors(repo_root, overrides, message):
 
 def test_config_errors_name_the_yaml_file_when_the_file_is_wrong(repo_root, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text((repo_root / "configs/train/tiny.yaml").read_text() + "\noptim:\n  lrr: 2\n")
+    bad.write_text((repo_root / "configs/train/tiny.yaml").read_text().replace("optim:\n", "optim:\n  lrr: 2\n"))
     with pytest.raises(CodeParrotError, match=r"^.*bad.yaml: unknown config key optim.lrr"):
         load_config(TrainConfig, bad, ["--seed", "3"])  # a valid override does not take the blame
     with pytest.raises(CodeParrotError, match=r"^command line: max_steps: expected an integer"):
         load_config(TrainConfig, repo_root / "configs/train/tiny.yaml", ["--max_steps", "ten"])
+
+
+def test_a_section_given_twice_in_the_yaml_file_is_refused(repo_root, tmp_path):
+    # plain YAML keeps the last `optim:` and so silently drops the file's lr 1e-3 for the default 5e-4
+    twice = tmp_path / "twice.yaml"
+    twice.write_text((repo_root / "configs/train/tiny.yaml").read_text() + "optim:\n  weight_decay: 0.2\n")
+    lines = twice.read_text().splitlines()
+    first, second = lines.index("optim:") + 1, len(lines) - 1
+    with pytest.raises(CodeParrotError, match=rf"^.*twice.yaml:{second}: .*duplicate key 'optim' \(first on line "
+                                              rf"{first}\)$"):
+        load_config(TrainConfig, twice)
 
 
 def test_run_dir_defaults_to_runs_slash_name():
