@@ -16,6 +16,7 @@ import typing
 from typing import Any, TypeVar
 
 from codeparrot.config import field_types, from_dict
+from codeparrot.errors import CodeParrotError
 
 T = TypeVar("T")
 
@@ -153,7 +154,14 @@ def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
-    return from_dict(cls, data)
+    try:
+        return from_dict(cls, data)
+    except CodeParrotError as err:  # "optim.lr: expected ..." -> "--lr: expected ...": the user typed the flag
+        key, sep, rest = str(err).partition(": ")
+        flags = {".".join(path): _flag(f) for path, f, _, _ in _flag_fields(cls)}
+        if sep and key in flags:
+            raise CodeParrotError(f"{flags[key]}: {rest}") from None
+        raise
 
 
 def config_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:

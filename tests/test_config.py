@@ -146,7 +146,7 @@ def test_non_finite_floats_are_refused_from_yaml_lists_optionals_and_flags(tmp_p
         from_dict(Limits, {"limit": 10**400})  # an integer beyond float's range
     with pytest.raises(CodeParrotError, match=r"^limit: expected a finite number, got nan$"):
         from_dict(Limits, {"limit": "nan"})  # Optional[float]: the float's own message, not "float | None"
-    with pytest.raises(CodeParrotError, match=r"^limit: expected a finite number, got inf$"):
+    with pytest.raises(CodeParrotError, match=r"^--limit: expected a finite number, got inf$"):
         parse_config(Limits, ["--limit", "inf"])  # flags generated from the dataclass
     assert from_dict(Limits, {"limit": None}).limit is None and from_dict(Limits, {"limit": "2"}).limit == 2.0
 

@@ -10,13 +10,13 @@ from codeparrot.errors import CodeParrotError
 
 @pytest.mark.parametrize("flags, message", [
     # NaN passed `< 0` and then switched the stall watchdog off without a word
-    (["--stall-minutes", "nan"], "stall_minutes: expected a finite number, got nan"),
-    (["--stall-minutes", "inf"], "stall_minutes: expected a finite number, got inf"),
+    (["--stall-minutes", "nan"], "--stall-minutes: expected a finite number, got nan"),
+    (["--stall-minutes", "inf"], "--stall-minutes: expected a finite number, got inf"),
     # past what faulthandler's backstop timer takes (an OverflowError once the run had started)
     (["--stall-minutes", "1e9"], "--stall-minutes must be in [0, 10080] (0 = off), got 1000000000.0"),
-    (["--valid-fraction", "nan"], "valid_fraction: expected a finite number, got nan"),
-    (["--jaccard-threshold", "nan"], "jaccard_threshold: expected a finite number, got nan"),
-    (["--mean-line-length", "inf"], "filters.mean_line_length: expected a finite number, got inf"),
+    (["--valid-fraction", "nan"], "--valid-fraction: expected a finite number, got nan"),
+    (["--jaccard-threshold", "nan"], "--jaccard-threshold: expected a finite number, got nan"),
+    (["--mean-line-length", "inf"], "--mean-line-length: expected a finite number, got inf"),
 ])
 def test_bad_preprocess_values_are_one_line_errors(flags, message):
     with pytest.raises(CodeParrotError) as err:

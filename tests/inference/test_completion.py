@@ -257,11 +257,11 @@ def test_a_suffix_that_is_not_utf8_is_a_one_line_error(tmp_path, monkeypatch, lo
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "nan"], "--temperature must be a finite number"),
-    (["--temperature", "inf"], "--temperature must be a finite number"),
-    (["--temperature=-inf"], "--temperature must be a finite number"),
-    (["--top-p", "nan"], "--top-p must be in"),
-    (["--top-p", "inf"], "--top-p must be in"),
+    (["--temperature", "nan"], "^--temperature: expected a finite number, got nan$"),
+    (["--temperature", "inf"], "^--temperature: expected a finite number, got inf$"),
+    (["--temperature=-inf"], "^--temperature: expected a finite number, got -inf$"),
+    (["--top-p", "nan"], "^--top-p: expected a finite number, got nan$"),
+    (["--top-p", "inf"], "^--top-p: expected a finite number, got inf$"),
     (["--seed", str(2**64)], r"--seed must be in \[-2\*\*63, 2\*\*64 - 1\]"),
     ([f"--seed={-2**63 - 1}"], r"--seed must be in \[-2\*\*63, 2\*\*64 - 1\]"),
 ])

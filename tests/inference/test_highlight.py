@@ -162,8 +162,8 @@ def test_special_token_strings_in_the_file_are_scored_as_plain_text(tiny_models)
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--max-loss", "nan"], "--max-loss must be a finite number > 0"),
-    (["--max-loss", "inf"], "--max-loss must be a finite number > 0"),
+    (["--max-loss", "nan"], "^--max-loss: expected a finite number, got nan$"),
+    (["--max-loss", "inf"], "^--max-loss: expected a finite number, got inf$"),
     (["--max-loss", "0"], "--max-loss must be a finite number > 0"),
     (["--stride", "0"], "--stride must be at least 1"),
     (["--context", "0"], "--context must be at least 2"),

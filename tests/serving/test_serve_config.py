@@ -12,9 +12,9 @@ from codeparrot.serving.config import ServeConfig
 
 @pytest.mark.parametrize("flags, message", [
     # NaN and inf passed `< 0`; the server started and then crashed on SIGTERM (engine.close's thread join)
-    (["--shutdown-timeout", "nan"], "shutdown_timeout: expected a finite number, got nan"),
-    (["--shutdown-timeout", "inf"], "shutdown_timeout: expected a finite number, got inf"),
-    (["--header-timeout", "inf"], "header_timeout: expected a finite number, got inf"),
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout: expected a finite number, got nan"),
+    (["--shutdown-timeout", "inf"], "--shutdown-timeout: expected a finite number, got inf"),
+    (["--header-timeout", "inf"], "--header-timeout: expected a finite number, got inf"),
     (["--shutdown-timeout", "1e10"], "--shutdown-timeout must be >= 0 and at most 604800 s (a week), got 1e+10"),
     (["--body-timeout", "1e7"], "--body-timeout must be positive and at most 604800 s (a week), got 1e+07"),
     # 0 was silently the default; the flags are left out for that
