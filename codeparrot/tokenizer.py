@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from codeparrot.atomic_io import atomic_dir, atomic_write_json
+from codeparrot.atomic_io import atomic_dir, atomic_write_json, ensure_writable_dir
 from codeparrot.config import REQUIRED, doc
 from codeparrot.data.records import BadRecords, iter_texts, resolve_data_files, split_files_for
 from codeparrot.errors import CodeParrotError, first_line
@@ -289,6 +289,11 @@ def _commit_tokenizer(repo: CheckpointRepository, ref: str, out: Path, message: 
         raise
 
 
+def _no_texts_reason(bad: BadRecords) -> str:
+    """Why files gave no text: the bad-record counts with the first file:line of each, as preprocess says it."""
+    return "; ".join(bad.summary_lines()) or "the files hold no lines"
+
+
 def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     """Train on the first `n_examples` files of `dataset`, measure bytes/token on held-out files, save into
     `output_dir` (with `tokenizer_stats.json`, whose contents are returned), commit to `repo` when given.
@@ -304,11 +309,17 @@ def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
         # shows here, not after training); a new local one (missing, an empty folder) is made at the commit
         _check_no_initial_model(open_repository(cfg.repo, create=local is None), cfg.repo, out)
     valid_files = _valid_files(cfg)
+    ensure_writable_dir(out.parent)  # where save_tokenizer writes: checked before the minutes of training
     skipped = BadRecords()  # bad records are counted and skipped, not fatal, in a long run
     stream = iter_texts(train_files, cfg.text_column, skipped)
+    first = next(stream, None)
+    if first is None:
+        raise CodeParrotError(f"no texts to train the tokenizer on in {len(train_files)} file(s) of "
+                              f"{' '.join(cfg.dataset)}: {_no_texts_reason(skipped)}")
     print(f"training a {cfg.vocab_size}-token byte-level BPE on up to {cfg.n_examples} files from "
           f"{len(train_files)} shard(s)", file=sys.stderr)
-    tokenizer = train_tokenizer(stream, vocab_size=cfg.vocab_size, length=cfg.n_examples, show_progress=cfg.progress)
+    tokenizer = train_tokenizer(itertools.chain([first], stream), vocab_size=cfg.vocab_size, length=cfg.n_examples,
+                                show_progress=cfg.progress)
     stats = dict(tokenizer.train_stats, requested_vocab_size=cfg.vocab_size)
     if stats["train_examples"] < cfg.n_examples:
         print(f"note: the dataset has only {stats['train_examples']} usable files (asked for {cfg.n_examples})",
@@ -316,8 +327,10 @@ def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     if stats["vocab_size"] < cfg.vocab_size:  # BPE ran out of pairs to merge; the model will get this vocabulary
         print(f"note: the training files hold only enough merges for {stats['vocab_size']} tokens (asked for "
               f"{cfg.vocab_size}); train on more files (--n-examples) for the full vocabulary", file=sys.stderr)
+    valid_skipped = BadRecords()  # apart, to say why a validation set held nothing; added to `skipped` after
     if valid_files:
-        valid_texts = list(itertools.islice(iter_texts(valid_files, cfg.text_column, skipped), cfg.valid_examples))
+        valid_texts = list(itertools.islice(iter_texts(valid_files, cfg.text_column, valid_skipped),
+                                            cfg.valid_examples))
         valid_source = f"valid split ({len(valid_files)} shard(s))"
     else:  # the files after the training examples: unseen by the trainer
         valid_texts = list(itertools.islice(stream, cfg.valid_examples))
@@ -325,9 +338,14 @@ def train_tokenizer_on_dataset(cfg: TokenizerTrainingConfig) -> dict:
     # Training is the expensive part: without held-out text the tokenizer is still saved, bytes/token marked
     # as not measured, rather than thrown away.
     bpt = bytes_per_token(tokenizer, valid_texts) if valid_texts else None
-    if bpt is None:
+    if bpt is None and valid_files:
+        given = "--valid-dataset" if cfg.valid_dataset else "the valid/ split"
+        print(f"warning: {given} ({len(valid_files)} file(s)) held no texts to measure bytes/token on "
+              f"({_no_texts_reason(valid_skipped)}); saving the tokenizer without it", file=sys.stderr)
+    elif bpt is None:
         print("warning: no validation files to measure bytes/token on (no valid/ split and no files beyond "
               "--n-examples); saving the tokenizer without it (pass --valid-dataset to measure)", file=sys.stderr)
+    skipped.merge(valid_skipped)  # one count of skipped records, training and validation
     stats.update(valid_examples=len(valid_texts), valid_source=valid_source,
                  valid_bytes_per_token=None if bpt is None else round(bpt, 4), skipped_records=dict(skipped.counts),
                  text_column=cfg.text_column)

@@ -273,3 +273,56 @@ def test_a_corpus_too_small_for_the_vocabulary_is_said(tmp_path, stdlib_texts, w
     assert stats["vocab_size"] < 400 and stats["requested_vocab_size"] == 400
     assert (f"note: the training files hold only enough merges for {stats['vocab_size']} tokens (asked for 400)"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("content, reason", [
+    ('[1, 2]\n["a"]\n', "not a JSON object: 2 (first at {path}:1 (list))"),
+    ("", "empty file: 1 (first at {path}:1)"),
+    ("\0\0\n\0\n", "NUL bytes: 2 (first at {path}:1)"),
+], ids=["json-arrays", "empty-file", "nul-lines"])
+def test_no_texts_to_train_on_says_why_with_the_counts(tmp_path, content, reason):
+    """Files with no usable record used to give only "no texts to train the tokenizer on"; preprocess says why for
+    the same input (the bad-record counts with the first file:line), and so does the tokenizer now."""
+    from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
+
+    path = tmp_path / "data.jsonl"
+    path.write_text(content)
+    cfg = TokenizerTrainingConfig(dataset=[str(path)], output_dir=str(tmp_path / "tok"), vocab_size=300,
+                                  progress=False)
+    with pytest.raises(CodeParrotError) as err:
+        train_tokenizer_on_dataset(cfg)
+    assert str(err.value) == f"no texts to train the tokenizer on in 1 file(s) of {path}: {reason.format(path=path)}"
+    assert not (tmp_path / "tok").exists()
+
+
+def test_an_unwritable_output_is_refused_before_training(tmp_path, stdlib_texts, write_shards, monkeypatch):
+    """The output folder's place used to be checked only when saving, after the minutes of training."""
+    import codeparrot.tokenizer as tokenizer_module
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before checking the output")
+
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", no_training)
+    write_shards(tmp_path / "clean" / "train", stdlib_texts[:2], 1)
+    (tmp_path / "a-file").write_text("not a folder")
+    cfg = tokenizer_module.TokenizerTrainingConfig(dataset=[str(tmp_path / "clean")], vocab_size=300,
+                                                   output_dir=str(tmp_path / "a-file" / "tok"), progress=False)
+    with pytest.raises(CodeParrotError, match=f"^output directory {tmp_path / 'a-file'} is not writable: "):
+        tokenizer_module.train_tokenizer_on_dataset(cfg)
+
+
+def test_a_validation_set_without_texts_says_so_with_its_counts(tmp_path, stdlib_texts, write_shards, capsys):
+    """--valid-dataset given but holding no usable record used to be told to "pass --valid-dataset to measure"."""
+    from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
+
+    write_shards(tmp_path / "clean" / "train", stdlib_texts[:3], 1)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    stats = train_tokenizer_on_dataset(TokenizerTrainingConfig(
+        dataset=[str(tmp_path / "clean")], valid_dataset=[str(empty)], vocab_size=300,
+        output_dir=str(tmp_path / "tok"), progress=False))
+    err = capsys.readouterr().err
+    assert (f"warning: --valid-dataset (1 file(s)) held no texts to measure bytes/token on (empty file: 1 (first at "
+            f"{empty}:1)); saving the tokenizer without it\n") in err
+    assert "pass --valid-dataset" not in err
+    assert stats["valid_bytes_per_token"] is None and stats["skipped_records"] == {"empty file": 1}

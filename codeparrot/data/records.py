@@ -312,6 +312,12 @@ class BadRecords:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         self.first.setdefault(reason, example)
 
+    def merge(self, other: "BadRecords") -> None:
+        """Add `other`'s counts to these; a reason's first location stays this one's if it has one."""
+        for reason, count in other.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + count
+            self.first.setdefault(reason, other.first[reason])
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())

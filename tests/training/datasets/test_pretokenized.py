@@ -414,3 +414,47 @@ def test_a_damaged_shard_says_that_replacing_it_restarts_the_job(tmp_path, texts
     with pytest.raises(CodeParrotError, match=f"^{last}: truncated or corrupt .*; replacing, fixing or removing this "
                                               "shard restarts the pretokenize job from the beginning$"):
         pretokenize(clean, tokenizer, tmp_path / "out", batch_size=7, progress=False)
+
+
+def test_a_token_id_past_the_vocabulary_is_one_line_naming_file_offset_and_id(pretok, tmp_path):
+    """Random bytes in tokens.bin (or another tokenizer's data) hold ids the embedding has no row for: on a GPU a
+    device-side assert that kills the run, naming nothing. The reader refuses them where it reads them."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / INDEX_NAME).write_text((pretok / INDEX_NAME).read_text())
+    tokens = np.fromfile(pretok / TOKENS_NAME, dtype=np.uint16)
+    offset = 2 * L + 5  # in the third sequence
+    tokens[offset] = tokens[offset + 1] = 1000  # the vocabulary size: the first id past it
+    tokens.tofile(damaged / TOKENS_NAME)
+    stream = iter(PretokenizedDataset(damaged, L, shuffle=False))
+    next(stream), next(stream)  # the sequences before it are read as they are
+    with pytest.raises(CodeParrotError, match=f"^{damaged / TOKENS_NAME}: token id 1000 at token offset {offset} is "
+                                              r"not below the vocabulary size 1000 \(the data was pretokenized with "
+                                              f"another tokenizer or is damaged\\): delete {damaged} and re-run"):
+        next(stream)
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"n_tokens": None}, "no 'n_tokens' key"),
+    ({"vocab_size": None}, "no 'vocab_size' key"),
+    ({"dtype": "float99"}, "'dtype' is 'float99', not one of uint16, uint32"),
+    ({"n_tokens": "123"}, "'n_tokens' is \"123\", not an integer"),
+    ({"n_records": True}, "'n_records' is true, not an integer"),
+    ({"n_tokens": -1}, "'n_tokens' is -1, below 0"),
+    ({"vocab_size": 70000}, "'vocab_size' 70000 does not fit its dtype uint16"),
+    ({"eos_token_id": 1000}, "'eos_token_id' 1000 is not below 'vocab_size' 1000"),
+    ({"tokenizer_fingerprint": 7}, "'tokenizer_fingerprint' is 7, not a string"),
+])
+def test_a_damaged_index_names_the_key(pretok, tokenizer, tmp_path, change, problem):
+    """A key removed or of the wrong type used to be a KeyError, a numpy TypeError or a format ValueError."""
+    index = json.loads((pretok / INDEX_NAME).read_text())
+    index = {k: v for k, v in {**index, **change}.items() if v is not None}
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / INDEX_NAME).write_text(json.dumps(index))
+    os.link(pretok / TOKENS_NAME, damaged / TOKENS_NAME)
+    expected = f"^{damaged / INDEX_NAME}: {problem} \\(damaged pretokenized index\\): delete {damaged} and re-run"
+    for read in (read_index, lambda path: validate_against_tokenizer(path, tokenizer),
+                 lambda path: PretokenizedDataset(path, L)):
+        with pytest.raises(CodeParrotError, match=expected):
+            read(damaged)
