@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from codeparrot.errors import CodeParrotError
+from codeparrot.errors import CodeParrotError, OutputWriteError
 
 
 def process_umask() -> int:
@@ -44,13 +44,73 @@ def process_umask() -> int:
 def ensure_writable_dir(path: str | os.PathLike) -> Path:
     """Create `path` (and parents) and check we can write there; one-line error otherwise."""
     path = Path(path)
+    problem = _dir_problem(path)
+    if problem is not None:
+        folder, reason = problem
+        where = "" if folder == path else f": {folder}"
+        raise CodeParrotError(f"output directory {path}{where} {reason}")
+    return path
+
+
+def ensure_writable_file(path: str | os.PathLike, flag: str = "--output", what: str = "file") -> Path:
+    """Check, before the work whose result goes to the file `path` (`what`: "JSON file", "PNG"...), that it can be
+    written there: not a directory, its folder made (with parents) where missing and writable. One-line error
+    naming `flag` otherwise, so that a typo or a read-only folder costs nothing instead of the work (a generation,
+    a sandboxed evaluation)."""
+    path = Path(path)
+    if path.is_dir():
+        raise CodeParrotError(f"{flag} {path} is a directory; give the path of the {what} to write")
+    problem = writable_dir_problem(path.parent)
+    if problem is not None:
+        raise CodeParrotError(f"cannot write {flag} {path}: {problem}; give a path in a folder you can write to")
+    return path
+
+
+def writable_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why no file can be created in the folder `path` (made, with its parents, where missing), as "FOLDER
+    REASON" (e.g. "out is not writable (Permission denied)"), or None."""
+    problem = _dir_problem(Path(path))
+    return None if problem is None else f"{problem[0]} {problem[1]}"
+
+
+def _dir_problem(path: Path) -> tuple[Path, str] | None:
+    """(the folder at fault, why) where no file can be created in `path`: a file where a folder should be, or the
+    system's reason (permission denied, read-only file system, ...) for making it or writing in it."""
+    blocker = _file_in_the_way(path)
+    if blocker is not None:
+        return blocker, "is a file, not a directory"
     try:
         path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return Path(err.filename or path), f"cannot be made ({err.strerror or err})"
+    try:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as err:
-        raise CodeParrotError(f"output directory {path} is not writable: {err.strerror or err}") from None
-    return path
+        return path, f"is not writable ({err.strerror or err})"
+    return None
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The nearest existing one of `folder` and its parents, where that is not a directory (else None)."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def cannot_write(path: str | os.PathLike, err: OSError) -> OutputWriteError:
+    """The one-line error for `err`, raised while writing the file `path`: the path the user gave (not a
+    temporary sibling's) and why (a file in the way of its folder, or the system's reason)."""
+    path = Path(path)
+    blocker = _file_in_the_way(path.parent)
+    if path.is_dir():
+        reason = "it is a directory"
+    elif blocker is not None:
+        reason = f"{blocker} is a file, not a directory"
+    else:
+        reason = err.strerror or str(err)
+    return OutputWriteError(f"cannot write {path}: {reason}", err)
 
 
 @contextlib.contextmanager
@@ -225,10 +285,14 @@ def fsync_tree(root: Path) -> None:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a temporary file and `os.replace`."""
+    """Write `text` to `path` through a temporary file and `os.replace`. A failed write raises `OutputWriteError`
+    (`cannot_write`): one line for the user, still an OSError for callers that handle it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as err:
+        raise cannot_write(path, err) from err
     try:
         os.fchmod(fd, 0o666 & ~process_umask())  # mkstemp makes 0600; the result should look like any new file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -236,9 +300,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise cannot_write(path, err) from err
         raise
 
 

@@ -43,6 +43,23 @@ class CodeParrotError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
 
 
+class OutputWriteError(CodeParrotError, OSError):
+    """An output file that could not be written (a read-only folder, a full disk, a file where a folder should be),
+    as one line naming the file. Still an OSError with the original errno, strerror and filename: code that handles
+    a failed write itself (a best-effort cache, a pretokenize job's resume advice, a checkpoint save) keeps doing
+    so; only an unhandled one reaches `run_cli`, which prints the line instead of a traceback."""
+
+    def __init__(self, message: str, cause: OSError):
+        OSError.__init__(self, cause.errno, cause.strerror, cause.filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):  # across processes (a worker pool): rebuilt from the message and the original error
+        return type(self), (self.message, OSError(self.errno, self.strerror, self.filename))
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in a CLI's main thread (`run_cli`). A `KeyboardInterrupt`, so that everything that cleans up
     after Ctrl-C (ours and the libraries': worker pools, progress bars, servers) does the same for it."""
@@ -79,6 +96,35 @@ def _take_sigterm() -> Callable[[], None]:
     return restore
 
 
+# Whether SIGINT (Ctrl-C) reached `run_cli`'s handler: a library may turn the KeyboardInterrupt it raised into an
+# error of its own, which is still Ctrl-C's stop (seen: Ctrl-C inside numpy's lazy import of a submodule while
+# transformers loads a model class ends as its ModuleNotFoundError from a RecursionError, the interrupt lost).
+_sigint_received = False
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT's handler in a CLI (`run_cli`): Python's own (KeyboardInterrupt), remembered."""
+    global _sigint_received
+    _sigint_received = True
+    signal.default_int_handler(signum, frame)
+
+
+def _take_sigint() -> Callable[[], None]:
+    """Have SIGINT remembered (`_interrupt`) while it has Python's default handler (a library or script that
+    installed its own keeps it); returns what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return lambda: None
+    signal.signal(signal.SIGINT, _interrupt)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGINT) is _interrupt:
+            signal.signal(signal.SIGINT, previous)
+    return restore
+
+
 # Called with the `error: ...` line on EVERY process when run_cli reports a CodeParrotError, also on the
 # non-main ranks that do not print it (codeparrot.training.rank_logs writes it to <run>/logs/rank-N.log).
 _error_listeners: list[Callable[[str], None]] = []
@@ -93,9 +139,9 @@ def add_error_listener(listener: Callable[[str], None]) -> None:
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's `main()`, turning `CodeParrotError`, Ctrl-C and SIGTERM into a one-line message and exit
     code."""
-    global _sigterm_received
-    _sigterm_received = False
-    restore = _take_sigterm()
+    global _sigterm_received, _sigint_received
+    _sigterm_received = _sigint_received = False
+    restores = (_take_sigterm(), _take_sigint())
     try:
         code = main()
     except CodeParrotError as err:
@@ -115,8 +161,14 @@ def run_cli(main: Callable[[], int | None]) -> None:
         if "TORCHELASTIC_RUN_ID" not in os.environ and is_main_launched_process():
             print("stopped by SIGTERM", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT)
+    except Exception:
+        if not _sigint_received:
+            raise  # a bug: its traceback
+        print("interrupted", file=sys.stderr)  # what a library made of Ctrl-C's KeyboardInterrupt
+        sys.exit(130)
     finally:
-        restore()
+        for restore in restores:
+            restore()
     sys.exit(code or 0)
 
 

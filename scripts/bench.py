@@ -10,13 +10,18 @@ import sys
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != _HERE]
 
+from codeparrot.atomic_io import ensure_writable_file  # noqa: E402
 from codeparrot.config_flags import parse_config  # noqa: E402
 from codeparrot.errors import run_cli  # noqa: E402
-from codeparrot.tools.bench import BenchConfig, run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    run(parse_config(BenchConfig, argv, __doc__))
+    from codeparrot.tools.bench import BenchConfig, run  # torch: inside run_cli, so Ctrl-C here is `interrupted`
+
+    cfg = parse_config(BenchConfig, argv, __doc__)
+    if cfg.output:
+        ensure_writable_file(cfg.output, what="Markdown file")  # before the benchmarks, not after them
+    run(cfg)
     return 0
 
 

@@ -14,13 +14,17 @@ held before. `plot` uses the losses pushed with the checkpoints, or computes the
 
 from __future__ import annotations
 
+from codeparrot.atomic_io import ensure_writable_file
 from codeparrot.config_flags import parse_subcommand
 from codeparrot.errors import run_cli
-from codeparrot.tools.checkpoints import COMMANDS
 
 
 def main(argv: list[str] | None = None) -> int:
+    from codeparrot.tools.checkpoints import COMMANDS  # the Hub client: inside run_cli, so Ctrl-C is `interrupted`
+
     name, cfg = parse_subcommand(COMMANDS, argv, __doc__)
+    if name == "plot":  # before the losses are read or computed (--dataset: a model evaluation per checkpoint)
+        ensure_writable_file(cfg.output, what="PNG")
     COMMANDS[name][1](cfg)
     return 0
 

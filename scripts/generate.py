@@ -24,6 +24,7 @@ the FIM tokens.
 
 from __future__ import annotations
 
+from codeparrot.atomic_io import ensure_writable_file
 from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.inference.config import GenerateConfig
@@ -31,6 +32,8 @@ from codeparrot.inference.config import GenerateConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(GenerateConfig, argv, __doc__)
+    if cfg.output:  # before torch loads and the model generates, not when writing the samples
+        ensure_writable_file(cfg.output, what="JSON file")
     from codeparrot.inference.completion import run_generate  # after parsing: --help stays fast
 
     run_generate(cfg)

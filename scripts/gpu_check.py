@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
+from codeparrot.atomic_io import ensure_writable_dir
 from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.tools.gpu_check.config import GpuCheckConfig
@@ -18,6 +19,7 @@ from codeparrot.tools.gpu_check.config import GpuCheckConfig
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()  # --minutes counts from here: importing torch below is part of the call's time
     cfg = parse_config(GpuCheckConfig, argv, __doc__)
+    ensure_writable_dir(cfg.output_dir)  # before the first stage (minutes), not when saving its result
     from codeparrot.tools.gpu_check.run import run_gpu_check  # torch only after the flags parsed
 
     results = run_gpu_check(cfg, started=started)

@@ -10,6 +10,7 @@ also printed here.
 
 from __future__ import annotations
 
+from codeparrot.atomic_io import ensure_writable_file
 from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
 from codeparrot.inference.config import HighlightConfig
@@ -17,6 +18,7 @@ from codeparrot.inference.config import HighlightConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(HighlightConfig, argv, __doc__)
+    ensure_writable_file(cfg.output, what="HTML page")  # before the model loads and scores, not after
     from codeparrot.inference.highlight import run_highlight  # after parsing: --help stays fast
 
     run_highlight(cfg)

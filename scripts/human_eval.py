@@ -14,12 +14,16 @@ a JSONL file as they are made, so a rerun resumes.
 Model-generated code is executed only with --allow-code-execution (or CODEPARROT_ALLOW_CODE_EXECUTION=1),
 each program in its own sandboxed process (see codeparrot/sandbox/). Without it, samples are saved and
 the command that scores them is printed. Outputs: results.json (config, pass@k per temperature, best per
-k, per-task pass counts, execution statuses), <output>.samples.jsonl, <output>.executions.jsonl.
+k, per-task pass counts, execution statuses), <output>.samples.jsonl, <output>.executions.jsonl; each is checked
+writable before any work. A sample the sandbox itself could not run (e.g. its worker killed under too small a
+--memory-mb) counts as failed and a warning says how many; when that is every sample, the run ends with an error
+(exit status 2) after writing the results.
 
 What was sampled is pinned: the commit the revision named (a local repository, a Hub repository, or a clean clone
-used in place) and the dtype of the weights are recorded with the samples and in results.json, and a resumed
-run must match both. Only the flags decide how tokens are drawn (a checkpoint's generation_config.json is
-ignored, with a note naming what it set); a special token a completion holds is kept as its text, so it is
+used in place; for a plain folder or a clone with changes, a fingerprint of its config, weights and tokenizer files)
+and the dtype of the weights are recorded with the samples and in results.json, and a resumed run must match both.
+Only the flags decide how tokens are drawn (a checkpoint's generation_config.json is ignored, with a note naming
+what it set); a special token a completion holds is kept as its text, so it is
 executed as the model wrote it.
 
 --benchmark single-line / multi-line: HumanEval's infilling benchmarks (1,033 / 5,815 tasks derived from the
@@ -46,12 +50,13 @@ from codeparrot.humaneval.config import HumanEvalConfig  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(HumanEvalConfig, argv, __doc__)
-    if config.benchmark != "humaneval":  # imported after parsing: --help stays fast
+    from codeparrot.humaneval.scoring import check_outputs, run  # after parsing: --help stays fast
+
+    check_outputs(config)  # before the work (a generation, an evaluation), not when writing its results
+    if config.benchmark != "humaneval":
         from codeparrot.humaneval.infill_run import run_infilling
 
         return run_infilling(config)
-    from codeparrot.humaneval.scoring import run
-
     return run(config)
 
 

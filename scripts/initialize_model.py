@@ -17,11 +17,13 @@ from __future__ import annotations
 from codeparrot.config import describe
 from codeparrot.config_flags import config_from_args, config_parser
 from codeparrot.errors import run_cli
-from codeparrot.repository.initialize import InitializeConfig, run_initialize
-from codeparrot.repository.model import ModelConfig
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch and transformers: imported inside run_cli, so Ctrl-C while they load is `interrupted`, not a traceback
+    from codeparrot.repository.initialize import InitializeConfig, run_initialize
+    from codeparrot.repository.model import ModelConfig
+
     parser = config_parser(InitializeConfig, __doc__)
     parser.epilog = "preset fields (override with --FIELD VALUE):\n" + describe(ModelConfig)
     args, overrides = parser.parse_known_args(argv)  # unknown --key value pairs override preset fields

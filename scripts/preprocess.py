@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import sys
 
-from codeparrot.data.preprocess import preprocess
-from codeparrot.data.preprocess_config import parse_preprocess_config
-from codeparrot.data.preprocess_stats import format_summary, printable
 from codeparrot.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
+    # inside run_cli (Ctrl-C while they load is `interrupted`), the engine's after parsing (--help stays fast)
+    from codeparrot.data.preprocess_config import parse_preprocess_config
+
     cfg = parse_preprocess_config(argv, __doc__)
+    from codeparrot.data.preprocess import preprocess
+    from codeparrot.data.preprocess_stats import format_summary, printable
+
     stats = preprocess(cfg)
     print(format_summary(stats))
     for warning in stats["warnings"]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from codeparrot.config_flags import parse_config
 from codeparrot.errors import run_cli
-from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers and tokenizers: imported inside run_cli, so Ctrl-C while they load is `interrupted`
+    from codeparrot.tokenizer import TokenizerTrainingConfig, train_tokenizer_on_dataset
+
     train_tokenizer_on_dataset(parse_config(TokenizerTrainingConfig, argv, __doc__))
     return 0
 

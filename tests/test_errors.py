@@ -25,3 +25,36 @@ def test_a_library_error_becomes_one_line_naming_the_folder(tmp_path):
     with pytest.raises(CodeParrotError) as err:
         load_tokenizer(str(tmp_path))
     assert str(err.value).startswith(f"cannot load the tokenizer in {tmp_path}: ") and "\n" not in str(err.value)
+
+
+def test_ctrl_c_that_a_library_turned_into_another_error_is_still_interrupted(capsys):
+    """Ctrl-C inside numpy's lazy import of a submodule, while transformers loads a model class, ended as
+    transformers' ModuleNotFoundError (from a RecursionError, the KeyboardInterrupt lost): a traceback, status 1.
+    After a SIGINT, run_cli reports any such error as the interrupt; without one, a bug keeps its traceback."""
+    import os
+    import signal
+
+    from codeparrot.errors import run_cli
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # what a script starts with
+
+    def mangled() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # handled before the next line runs
+        except KeyboardInterrupt:
+            raise ModuleNotFoundError("Could not import module 'GPT2LMHeadModel'") from RecursionError()
+        return 0
+
+    with pytest.raises(SystemExit) as stop:
+        run_cli(mangled)
+    assert stop.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def bug() -> int:
+        raise ModuleNotFoundError("a real one")
+
+    try:
+        with pytest.raises(ModuleNotFoundError):
+            run_cli(bug)
+    finally:
+        signal.signal(signal.SIGINT, before)

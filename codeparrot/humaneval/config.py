@@ -81,7 +81,9 @@ class HumanEvalConfig:
                                          "<output>.samples.jsonl); its settings are kept beside it in "
                                          "<file>.meta.json and a rerun with a different --model, --revision "
                                          "(of a local or Hub repository: the commit it names, so a branch that moved "
-                                         "on is refused and --revision COMMIT resumes), weights dtype (CPU: float32, "
+                                         "on is refused and --revision COMMIT resumes), weights (of a plain folder: "
+                                         "the fingerprint of its config, weights and tokenizer files), weights "
+                                         "dtype (CPU: float32, "
                                          "GPU: as saved), --seed, --n-samples, --batch-size, --top-p, "
                                          "--max-new-tokens, --no-strip, task set or number of processes is refused "
                                          "(other temperatures may be added)", group=GENERATION)

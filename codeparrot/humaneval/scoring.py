@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import shlex
+import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -29,8 +30,8 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from codeparrot.atomic_io import atomic_write_json, atomic_write_text
-from codeparrot.errors import CodeParrotError
+from codeparrot.atomic_io import atomic_write_json, atomic_write_text, ensure_writable_file
+from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.pass_at_k import best_per_k, format_table, pass_at_k_table
 from codeparrot.humaneval.problems import (
@@ -162,6 +163,41 @@ def samples_path(config: HumanEvalConfig) -> Path:
     return out.with_name(out.stem + ".samples.jsonl")
 
 
+def executions_path(config: HumanEvalConfig) -> Path:
+    """The executions log: every sample's verdict, <output>.executions.jsonl."""
+    out = Path(config.output)
+    return out.with_name(out.stem + ".executions.jsonl")
+
+
+def check_outputs(config: HumanEvalConfig) -> None:
+    """Before any generation or execution (hours, for a model): the files this run writes can be written (the
+    results and the executions log beside them; the samples, unless they come from --completions). One line
+    otherwise, instead of a traceback after the work."""
+    ensure_writable_file(config.output, what="results JSON")
+    if not config.completions:
+        flag = "--samples-file" if config.samples_file else "the samples file"
+        ensure_writable_file(samples_path(config), flag, what="samples JSONL")
+
+
+def report_sandbox_errors(scored: dict, config: HumanEvalConfig) -> None:
+    """Say so when the sandbox itself failed to run samples (a killed worker, a setup error; never a program's own
+    failure): they count as failed, so the score does not measure those programs. A warning on stderr when some
+    did; when every sample did, a `CodeParrotError` (exit status 2): a 0% that measures nothing is no result,
+    and a script or CI job must not take it for one. The results are written before either."""
+    failed = scored["status_counts"].get("error", 0)
+    if not failed:
+        return
+    total = scored["execution"]["samples"]
+    first = first_line(scored["sandbox_errors"]["first"] or "", "no detail").rstrip(": ")
+    advice = (f"a larger --memory-mb than {config.memory_mb} may help (every verdict: "
+              f"{executions_path(config)}")
+    if failed == total:
+        raise CodeParrotError(f"the sandbox could not run any of the {total} samples (first: {first}), so the score "
+                              f"measures nothing; {advice}; results written to {config.output} anyway)")
+    print(f"warning: the sandbox could not run {failed} of {total} samples (first: {first}); they count as failed, so "
+          f"the score does not measure those programs; {advice})", file=sys.stderr, flush=True)
+
+
 def score_command(config: HumanEvalConfig, samples_file: Path) -> str:
     """The exact command that scores saved samples later (with this run's limits: a program's verdict depends
     on them)."""
@@ -226,7 +262,7 @@ def run(config: HumanEvalConfig) -> int:
               f"them:\n  {score_command(config, file)}")
         return 0
     scored = score(problems, samples, sandbox_cfg, config.num_workers, config.k,
-                   log_file=Path(config.output).with_name(Path(config.output).stem + ".executions.jsonl"),
+                   log_file=executions_path(config),
                    dedup=not config.execute_duplicates, progress=config.progress,
                    allow_missing=allow_missing)
     results = {"config": settings, **({"generation": generation} if generation else {}), **scored}
@@ -243,4 +279,5 @@ def run(config: HumanEvalConfig) -> int:
         print(f"warning: {len(scored['answer_dependent_tests'])} tests call the candidate depending on earlier "
               f"answers (a program may learn from the calls it gets): {scored['answer_dependent_tests']}")
     print(f"results written to {config.output}")
+    report_sandbox_errors(scored, config)
     return 0

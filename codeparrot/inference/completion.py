@@ -306,8 +306,6 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
     """scripts/generate.py: complete `cfg`'s prompt (or, with a suffix, fill in the middle), streaming sample 1
     live unless `cfg.quiet`; the summary (tokens/s, seed, why each sample ended) goes to stderr and, with
     `cfg.output`, everything to a JSON file."""
-    if cfg.output and Path(cfg.output).is_dir():  # found before the model loads, not when writing the samples
-        raise CodeParrotError(f"--output {cfg.output} is a directory; give the path of the JSON file to write")
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     suffix = read_suffix(cfg.suffix, cfg.suffix_file)
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)

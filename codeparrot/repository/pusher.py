@@ -20,9 +20,17 @@ import threading
 import time
 from pathlib import Path
 
-from codeparrot.atomic_io import atomic_write_json
+from codeparrot.atomic_io import atomic_write_json, writable_dir_problem
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.base import CheckpointRepository, parse_step, validate_branch_name, with_run_mark
+from codeparrot.repository.base import (
+    CheckpointRepository,
+    is_hub_ref,
+    parse_step,
+    strip_scheme,
+    validate_branch_name,
+    with_run_mark,
+)
+from codeparrot.repository.local import LocalGitRepository
 from codeparrot.repository.metrics import METRICS_FILE, checkpoint_metrics
 from codeparrot.repository.refs import open_repository
 
@@ -77,6 +85,35 @@ def remove_stale_staging(parent: str | os.PathLike) -> list[Path]:
         logger.warning("removed %d stale push staging folder(s) from %s (left by a process that stopped with "
                        "pushes queued)", len(removed), root)
     return removed
+
+
+def check_push_target(repo_ref: str) -> None:
+    """Refuse, before a run trains, a local repository its checkpoint pushes could not write: a read-only
+    repository (its git folder, objects, branch refs or writers' lock file) or a folder that is not a repository.
+    Found only at the first push, it cost the first checkpoint interval of training, then retries and warnings.
+    A missing path is left to the first push, which creates the repository; a Hub repository is not checked
+    here (whether the token may write is the Hub's to say)."""
+    ref = str(repo_ref)
+    if is_hub_ref(ref) or not Path(strip_scheme(ref)).expanduser().exists():
+        return
+    advice = "make it writable, or train without pushing (--checkpoint.push false)"
+    try:
+        git_dir = LocalGitRepository(Path(strip_scheme(ref)).expanduser()).git_dir
+    except CodeParrotError as err:  # a plain model folder: nothing to push to
+        raise CodeParrotError(f"checkpoints cannot be pushed to {ref}: {err}; train from a checkpoint repository, "
+                              "or without pushing (--checkpoint.push false)") from None
+    for folder in (git_dir, git_dir / "objects", git_dir / "refs" / "heads"):
+        problem = writable_dir_problem(folder) if folder.is_dir() else None
+        if problem is not None:
+            raise CodeParrotError(f"checkpoints cannot be pushed to {ref}: {problem}; {advice}")
+    lock = git_dir / "codeparrot.lock"  # opened for writing by every push (`LocalGitRepository.locked`)
+    try:
+        os.close(os.open(lock, os.O_RDWR))
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise CodeParrotError(f"checkpoints cannot be pushed to {ref}: {lock} is not writable "
+                              f"({err.strerror or err}); {advice}") from None
 
 
 class CheckpointPusher:

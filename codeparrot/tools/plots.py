@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from codeparrot.atomic_io import cannot_write
 from codeparrot.errors import CodeParrotError
 
 STYLE = {"font.size": 12, "axes.titlesize": 15, "axes.titleweight": "bold", "axes.labelsize": 12.5,
@@ -34,17 +35,23 @@ def _figure(width: float = 9.0, height: float = 5.0):
 
 
 def _save(fig, png: str | os.PathLike) -> Path:
-    """Render `fig` to `png` atomically (temporary file in the same folder, then rename)."""
+    """Render `fig` to `png` atomically (temporary file in the same folder, then rename); a failed write is one
+    line naming `png` (`cannot_write`)."""
     png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{png.name}.tmp-", suffix=".png", dir=png.parent)
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{png.name}.tmp-", suffix=".png", dir=png.parent)
+    except OSError as err:
+        raise cannot_write(png, err) from err
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; an image is for everyone who can read the folder
         os.replace(tmp, png)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise cannot_write(png, err) from err
         raise
     return png
 

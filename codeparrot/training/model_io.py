@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from functools import wraps
 from pathlib import Path
 from typing import Callable
@@ -16,7 +15,7 @@ import torch
 from codeparrot.atomic_io import atomic_dir
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model, save_model_folder
-from codeparrot.repository.pusher import CheckpointPusher
+from codeparrot.repository.pusher import CheckpointPusher, check_push_target
 from codeparrot.repository.refs import open_repository, resolve_model_dir
 from codeparrot.tokenizer import load_tokenizer
 from codeparrot.training.causal_attention import CAUSAL_SDPA, register_causal_attention
@@ -80,12 +79,37 @@ def load_model(cfg: TrainConfig, model_dir: Path):
 _PUSHERS: list[CheckpointPusher] = []  # made by the `train` that runs now (`finishes_pushes`)
 
 
+def check_push_target_of(cfg: TrainConfig) -> None:
+    """With `checkpoint.push` on: a model repository the pushes could not write is a one-line error now, before
+    any training (`check_push_target`), not warnings after the first checkpoint interval."""
+    if cfg.checkpoint.push:
+        check_push_target(cfg.model)
+
+
 def make_pusher(cfg: TrainConfig):
     if not cfg.checkpoint.push:
         return None
     pusher = CheckpointPusher(cfg.model, cfg.run_name, from_revision=cfg.revision)  # the branch follows its parent
     _PUSHERS.append(pusher)
     return pusher
+
+
+def report_push_errors(errors: list[str]) -> None:
+    """A run's failed pushes, once more at its end (each was logged when it failed), as `warning:` lines."""
+    for error in errors:
+        print(f"warning: {error}", file=sys.stderr, flush=True)
+
+
+def push_outcome(pusher: CheckpointPusher | None, errors: list[str]) -> str:
+    """What the run's last line adds about its pushes: the commit pushed last, and whether pushes failed (before,
+    a run whose every push failed ended on its final model's path alone, as if nothing was wrong)."""
+    if pusher is None:
+        return ""
+    pushed = (f"; pushed to {pusher.repo_ref} branch {pusher.branch}, commit {pusher.commits[-1][:12]}"
+              if pusher.commits else "")
+    failed = (f"; {len(errors)} push(es) to {pusher.repo_ref}@{pusher.branch} FAILED (warnings above; the checkpoints "
+              "are kept on disk)" if errors else "")
+    return pushed + failed
 
 
 def finishes_pushes(job: Callable) -> Callable:
@@ -99,15 +123,15 @@ def finishes_pushes(job: Callable) -> Callable:
         except KeyboardInterrupt:
             for pusher in _PUSHERS:
                 for message in pusher.pending():
-                    warnings.warn(f"checkpoint {message!r} was not pushed (interrupted); it is still on disk")
+                    print(f"warning: checkpoint {message!r} was not pushed (interrupted); it is still on disk",
+                          file=sys.stderr, flush=True)
             raise
         except BaseException:
             for pusher in _PUSHERS:
                 if pusher.pending():
                     print(f"the run failed: finishing its queued push(es) to {pusher.repo_ref}@{pusher.branch} "
                           f"first ({', '.join(pusher.pending())})", file=sys.stderr, flush=True)
-                for error in pusher.wait():
-                    warnings.warn(error)
+                report_push_errors(pusher.wait())
             raise
         finally:
             _PUSHERS.clear()

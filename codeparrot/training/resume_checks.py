@@ -139,7 +139,8 @@ def check_resume_setup(checkpoint: Path, saved: dict, now: dict) -> list[str]:
     Allowed: the FSDP sharding strategy (torch.distributed.checkpoint reshards; resumed with 2 CPU processes),
     the FSDP version (recorded; not refused, as not tested), and other mixed-precision changes: weights and
     optimizer state are float32 under bf16 and no alike (resumed), an fp16 checkpoint's scaler state is unused."""
-    fresh = f"or start a new run from its weights (--model {checkpoint} --revision null --run_name NEW: new optimizer)"
+    fresh = (f"or start a new run from its weights (--model {checkpoint} --revision null --run_name NEW "
+             "--checkpoint.push false: new optimizer)")
     was, has = _sharding(saved), _sharding(now)
     if was != has:
         saved_type = saved.get("distributed_type") or "not sharded (NO, MULTI_GPU or MULTI_CPU)"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,12 +47,15 @@ from codeparrot.training.micro_batch import (
 )
 from codeparrot.training.micro_step import MicroStep, resolve_cuda_graphs
 from codeparrot.training.model_io import (
+    check_push_target_of,
     finishes_pushes,
     load_model,
     load_tokenizer_checked,
     make_pusher,
     model_files,
     model_source_lines,
+    push_outcome,
+    report_push_errors,
     save_final_model,
 )
 from codeparrot.training.nonfinite import NonFiniteGuard, check_finite_weights
@@ -129,6 +131,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
         return None
 
     if main:
+        check_push_target_of(cfg)  # a repository the pushes cannot write: now, not after the first checkpoint
         ensure_writable_dir(run_dir)
 
     # ---- 2. accelerator, model, optimizer, schedule ----
@@ -315,8 +318,7 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
             print(f"finishing the pushes queued before the stop ({', '.join(pusher.pending())}); a SIGKILL cuts them, "
                   "their checkpoints stay on disk", file=sys.stderr, flush=True)
         result.push_errors = pusher.wait()
-        for error in result.push_errors:
-            warnings.warn(error)
+        report_push_errors(result.push_errors)
         if pusher.superseded:  # each was logged when dropped; the run's end says it once more, where users look
             print(f"not pushed, newer checkpoints went first (the repository was slower than the saves): "
                   f"{', '.join(pusher.superseded)}; their checkpoints stay local while keep_last keeps them",
@@ -327,7 +329,5 @@ def train(cfg: TrainConfig, resume: str | None = None, inspect_batches: int = 0,
     if main and throughput.windows:
         print(throughput.write(run_dir, peak, peak_source))  # median tokens/s and MFU after the warm-up window
     if main and not preempted and (run_dir / "final").is_dir():
-        pushed = f"; pushed to {cfg.model} branch {cfg.run_name}, commit {pusher.commits[-1][:12]}" if (
-            pusher is not None and pusher.commits) else ""
-        print(f"final model (step {step}): {run_dir / 'final'}{pushed}")
+        print(f"final model (step {step}): {run_dir / 'final'}{push_outcome(pusher, result.push_errors)}")
     return result

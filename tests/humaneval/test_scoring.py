@@ -111,3 +111,27 @@ def test_the_scorer_keeps_every_answer_file_from_the_programs(problems):
     key = out["answer_key"]
     assert key["reachable"] == "" and key["hidden_by"] == ["mounts"], key
     assert {os.path.dirname(files["packaged"]), files["problems"], files["samples"]} <= set(key["paths"]), key
+
+
+def test_samples_the_sandbox_could_not_run_are_said_and_all_of_them_is_an_error(tmp_path, capsys):
+    """A sandbox failure (here its worker killed by a 1 MiB memory limit) counts the sample as failed; before, the
+    run reported 0.00% with exit status 0 and only the JSON said why. Now every sample failing so is an error
+    (the results still written), and some of them a warning naming how many and the first reason."""
+    from codeparrot.humaneval.scoring import report_sandbox_errors, run
+
+    from .conftest import _score_options
+
+    config = _score_options(tmp_path, "", canonical=True, num_tasks=2, memory_mb=1)
+    with pytest.raises(CodeParrotError, match=r"^the sandbox could not run any of the 2 samples \(first: .+\), so the "
+                                              r"score measures nothing; a larger --memory-mb than 1 may help"):
+        run(config)
+    assert json.loads((tmp_path / "r.json").read_text())["status_counts"] == {"error": 2}
+    scored = {"status_counts": {"passed": 2, "error": 1}, "execution": {"samples": 3},
+              "sandbox_errors": {"programs": 1, "first": "harness: EOFError: sandbox worker exited (code -9): "}}
+    capsys.readouterr()
+    report_sandbox_errors(scored, config)
+    assert capsys.readouterr().err == (
+        "warning: the sandbox could not run 1 of 3 samples (first: harness: EOFError: sandbox worker exited "
+        "(code -9)); they count as failed, so the score does not measure those programs; a larger --memory-mb "
+        "than 1 may help "
+        f"(every verdict: {tmp_path / 'r.executions.jsonl'})\n")

@@ -374,6 +374,21 @@ def test_a_failing_tracker_only_warns(toy, monkeypatch):
     assert any("tracker tensorboard could not start" in str(w.message) for w in caught)
 
 
+def test_pushes_to_a_folder_that_is_no_repository_are_refused_before_training(toy):
+    """They used to fail at the first checkpoint, after that much training, as warnings and retries."""
+    from codeparrot.repository.refs import resolve_model_dir
+
+    plain = resolve_model_dir(str(toy.repo), "main")  # the model's files, in a folder that is not a repository
+    run_dir = toy.root / "runs" / "plain"
+    cfg = toy.config(run_name="plain", model=str(plain), revision=None, max_steps=2,
+                     **{"output_dir": str(run_dir), "data.valid": "", "checkpoint.push": True})
+    with pytest.raises(CodeParrotError, match=r"checkpoints cannot be pushed to .*: .*not a git repository; train "
+                                              r"from a checkpoint repository, or without pushing "
+                                              r"\(--checkpoint\.push false\)$"):
+        train_here(cfg)
+    assert not run_dir.exists()  # refused before anything was written
+
+
 def test_a_failed_run_finishes_its_queued_pushes_before_it_reports(toy, monkeypatch):
     """The pusher's thread is a daemon: without waiting, the error's exit would drop the checkpoint queued last.
     Here its push is slow and the run fails right after it; the branch still gets it."""
