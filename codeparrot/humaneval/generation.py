@@ -41,7 +41,7 @@ from codeparrot.humaneval.problems import check_complete, merge_samples, part_fi
 from codeparrot.humaneval.stopping import STOP_STRINGS, StopStringsCriteria, finished_completion
 from codeparrot.inference.decoding import checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
-from codeparrot.repository.provenance import load_revision, pinned_commit, weights_dtype
+from codeparrot.repository.provenance import load_revision, pinned_commit, weights_dtype, weights_fingerprint
 
 SampleKey = tuple[str, float, int]  # (task_id, temperature, sample_index)
 
@@ -202,9 +202,11 @@ def generate_samples(model, tokenizer, problems: Sequence[dict], cfg: SamplingCo
 
 
 # --------------------------------------------------------------------------------------- distributed run
-def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int, commit: str | None = None) -> dict:
-    """What the samples depend on: the distribution (model and the commit its revision named, top-p, max new
-    tokens, prompt format, stop strings, prompts) and the exact draws (seed; n_samples, batch size and process
+def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int, commit: str | None = None,
+          weights: dict[str, str] | None = None) -> dict:
+    """What the samples depend on: the distribution (model and the commit its revision named, or where none does
+    the fingerprint of its files, `weights_fingerprint`; top-p, max new tokens, prompt format, stop strings,
+    prompts) and the exact draws (seed; n_samples, batch size and process
     count shape the batches, and each batch is seeded from its first row). A resumed run must match all of it,
     so the finished file is the one an uninterrupted run would have written. Temperatures may be added on
     resume: each has its own batches."""
@@ -219,6 +221,8 @@ def _meta(config: HumanEvalConfig, problems: Sequence[dict], world: int, commit:
             "batch_size": cfg.batch_size, "num_processes": world, "top_p": cfg.top_p,
             "max_new_tokens": cfg.max_new_tokens, "strip_prompt": cfg.strip_prompt and not infilling,
             "stop_strings": list(FIM_TOKENS if infilling else STOP_STRINGS), "prompts_sha256": prompts[:16]}
+    if weights is not None:  # a plain folder: no commit names its files, so their fingerprint is recorded
+        meta["weights"] = weights
     if infilling:  # only then: HumanEval samples files made before the infilling benchmarks still resume
         meta["benchmark"] = config.benchmark
     return meta
@@ -231,7 +235,8 @@ def is_infilling(config: HumanEvalConfig) -> bool:
 def _check_meta(meta_file: Path, meta: dict, samples_file: Path, revision: str | None) -> dict | None:
     """A one-line error when the samples there were made with other settings (or with unknown ones); else the
     recorded meta (None when there is none yet). `revision`: the one asked for, which a meta written before Hub
-    and clone commits were pinned recorded instead of a commit."""
+    and clone commits were pinned recorded instead of a commit. A meta written before the files of a plain folder
+    were fingerprinted has no "weights": it resumes on trust, as before (`generate_distributed` warns)."""
     if not meta_file.exists():
         existing = ([samples_file] if samples_file.exists() else []) + part_files(samples_file)
         if any(path.read_bytes().strip() for path in existing):
@@ -245,14 +250,30 @@ def _check_meta(meta_file: Path, meta: dict, samples_file: Path, revision: str |
     if not isinstance(old, dict):
         raise CodeParrotError(f"{meta_file}: not a JSON object; remove it to start the samples afresh")
     expected = meta
-    if "commit" in meta and "commit" not in old and "revision" in old:  # that run pinned nothing: as it compared
+    # that run pinned nothing (a meta from before commits were pinned; not a fingerprinted folder): as it compared
+    if "commit" in meta and "commit" not in old and "revision" in old and "weights" not in old:
         expected = {**{k: v for k, v in meta.items() if k != "commit"}, "revision": revision}
-    diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in expected.items() if old.get(k) != v]
+    diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in expected.items()
+            if k != "weights" and old.get(k) != v]
     if diff:
         raise CodeParrotError(f"{samples_file} holds samples made with other settings ({'; '.join(diff)}); "
                               f"they are recorded in {meta_file}; use the same settings to resume, another "
                               f"--samples-file, or remove both files")
+    if "weights" in meta and "weights" in old:
+        _check_weights(old["weights"], meta["weights"], meta["model"], meta_file, samples_file)
     return old
+
+
+def _check_weights(old: object, now: dict[str, str], model: str, meta_file: Path, samples_file: Path) -> None:
+    """A one-line error naming the files of the folder `model` whose fingerprint (`weights_fingerprint`) differs
+    from the one `meta_file` recorded: the samples there were made with other weights."""
+    recorded = old if isinstance(old, dict) else {}
+    changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
+    if changed:
+        raise CodeParrotError(f"{samples_file} holds samples made with other files in {model}: "
+                              f"{', '.join(changed)} changed since (their fingerprints are recorded in {meta_file}); "
+                              f"put those files back to resume, or start over with another --samples-file or after "
+                              f"removing both files")
 
 
 def _check_dtype(old: dict | None, dtypes: Sequence[str], what: str, samples_file: Path) -> str:
@@ -282,7 +303,8 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     # WORLD_SIZE is what `accelerate launch` sets; checked against the Accelerator below. Every rank checks the
     # same files before any collective: all fail together, none hangs.
     commit = pinned_commit(config.model, config.revision)  # local repository or Hub: resolved before anything loads
-    meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1), commit)
+    weights = weights_fingerprint(config.model, commit)  # a plain folder's files, where no commit names them
+    meta = _meta(config, problems, int(os.environ.get("WORLD_SIZE", "1") or 1), commit, weights)
     old = _check_meta(meta_file, meta, samples_file, config.revision)
     accelerator = Accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -293,6 +315,12 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
     if len(commits) > 1:
         raise CodeParrotError(f"{config.model}: revision {config.revision or 'main'} moved while the processes "
                               f"started (they found {', '.join(str(c)[:12] for c in commits)}); run again")
+    if len({json.dumps(w, sort_keys=True) for w in gather_object([weights])}) > 1:
+        raise CodeParrotError(f"{config.model}: the processes found different files there (changed while they "
+                              "started, or a different copy on each machine); give them all the same weights")
+    if old is not None and weights is not None and "weights" not in old and accelerator.is_main_process:
+        print(f"warning: {meta_file} records no fingerprint of the files in {config.model} (an older version wrote "
+              f"it): resuming on trust that they are the weights its samples were made with", file=sys.stderr)
     if 0 in cfg.temperatures and cfg.n_samples > 1 and accelerator.is_main_process:
         print(f"warning: temperature 0 is greedy decoding: its {cfg.n_samples} samples per task are identical",
               file=sys.stderr)
@@ -339,7 +367,8 @@ def generate_distributed(config: HumanEvalConfig, problems: Sequence[dict], samp
         info = {"config": {"n_samples": cfg.n_samples, "batch_size": cfg.batch_size, "temperatures": cfg.temperatures,
                            "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
                            "commit": commit, "dtype": dtype, "strip_prompt": meta["strip_prompt"],
-                           "num_processes": world, "stop_strings": meta["stop_strings"]},
+                           "num_processes": world, "stop_strings": meta["stop_strings"],
+                           **({"weights": weights} if weights is not None else {})},
                 "samples_file": str(samples_file), "samples_generated": made, "samples_reused": len(samples) - made,
                 "tokens_generated": tokens, "seconds": round(seconds, 2),
                 "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),

@@ -15,6 +15,8 @@ original numerics exactly. In fp32 both paths compute the same function (tested)
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import torch
 import transformers
 from safetensors import SafetensorError
 from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.activations import ACT2FN
 
 from codeparrot.atomic_io import process_umask
 from codeparrot.config import doc, load_config
@@ -73,10 +76,15 @@ class ModelConfig:
         if self.n_inner is not None and self.n_inner <= 0:
             raise CodeParrotError(f"n_inner must be positive or null, got {self.n_inner}")
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+            if not 0.0 <= getattr(self, name) < 1.0:  # also false for nan
                 raise CodeParrotError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.initializer_range <= 0 or self.layer_norm_epsilon <= 0:
-            raise CodeParrotError("initializer_range and layer_norm_epsilon must be positive")
+        for name in ("initializer_range", "layer_norm_epsilon"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # nan and inf would reach torch's init or every LayerNorm
+                raise CodeParrotError(f"{name} must be a positive finite number, got {value}")
+        if self.activation_function not in ACT2FN:  # transformers would fail with a KeyError building the MLPs
+            raise CodeParrotError(f"activation_function {self.activation_function!r} is not one transformers knows; "
+                                  f"use one of: {', '.join(sorted(ACT2FN))}")
 
 
 def load_model_config(path: str, overrides: list[str] | None = None) -> ModelConfig:
@@ -186,8 +194,11 @@ def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
     saved = read_model_config(folder)
     kwargs.setdefault("attn_implementation", saved.get("codeparrot_attn_implementation", "sdpa"))
     try:
-        with quiet_transformers_bars():
-            model = GPT2LMHeadModel.from_pretrained(str(folder), **kwargs)
+        # ignore_mismatched_sizes: a wrong shape is then reported in `info` (and refused by `check_loaded_weights`)
+        # instead of raised as a RuntimeError pointing at the load report.
+        with quiet_transformers_bars(), held_load_report():
+            model, info = GPT2LMHeadModel.from_pretrained(str(folder), output_loading_info=True,
+                                                          ignore_mismatched_sizes=True, **kwargs)
     except (OSError, ValueError) as err:
         raise CodeParrotError(f"cannot load the model in {folder}: {first_line(err)}") from None
     except SafetensorError as err:  # not an OSError: a truncated file, or a git-lfs pointer in place of the weights
@@ -198,8 +209,64 @@ def load_pretrained_model(ref: str, revision: str | None = None, **kwargs):
         files = sorted(folder.glob("*.safetensors"))
         where = files[0] if len(files) == 1 else folder / "*.safetensors"
         raise CodeParrotError(f"cannot load the weights {where}: {first_line(err)}") from None
+    check_loaded_weights(model, info, folder)
     skip_padding_check(model)
     return model
+
+
+def check_loaded_weights(model, info: dict, folder: Path) -> None:
+    """A one-line error when the weights file did not fill the model config.json describes: transformers would
+    go on with randomly initialized tensors in place of missing or wrongly shaped ones (and drop tensors the model
+    has no place for). `info`: `from_pretrained`'s loading info, after its own rules (a tied LM head absent from
+    the file, attention-mask buffers of old checkpoints) have taken out what is legitimately absent or extra."""
+    order = {name: i for i, name in enumerate(model.state_dict())}  # report tensors in the model's own order
+    problems = []
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: order.get(m[0], len(order)))
+    if mismatched:
+        name, in_file, in_model = mismatched[0]
+        problems.append(f"{len(mismatched)} tensor(s) of the wrong shape (first: {name} is {list(in_file)} in the "
+                        f"weights, {list(in_model)} by config.json)")
+    missing = sorted(info.get("missing_keys") or (), key=lambda k: order.get(k, len(order)))
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing from the weights ({_first_few(missing)})")
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        problems.append(f"{len(unexpected)} tensor(s) the model has no place for ({_first_few(unexpected)})")
+    if problems:
+        raise CodeParrotError(f"cannot load the model in {folder}: its weights do not fit its config.json: "
+                              f"{'; '.join(problems)}; the folder mixes two models or its weights file is damaged: "
+                              "save the model again or restore its weights")
+
+
+def _first_few(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+@contextmanager
+def held_load_report():
+    """Hold back transformers' LOAD REPORT table (a warning of `transformers.modeling_utils`) inside: every entry
+    it lists (missing, unexpected, mismatched tensors) is refused afterwards in one line by `check_loaded_weights`,
+    so the table would only precede that line. Should loading fail otherwise, the table is logged after all: its
+    RuntimeError then points at it."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            held.append(record)
+            return False
+        return True
+
+    logger.addFilter(hold)
+    try:
+        yield
+    except BaseException:
+        logger.removeFilter(hold)
+        for record in held:
+            logger.handle(record)
+        raise
+    finally:
+        logger.removeFilter(hold)
 
 
 def skip_padding_check(model) -> None:

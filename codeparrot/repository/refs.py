@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from codeparrot.atomic_io import atomic_dir
+from codeparrot.atomic_io import atomic_dir, writable_dir_problem
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.base import CheckpointRepository, is_hub_ref, strip_scheme
 from codeparrot.repository.hub import HubRepository, hub_snapshot
@@ -67,10 +67,25 @@ def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
     repo = LocalGitRepository(path)
     commit = repo.resolve_revision(revision or "main")
     target = cache_root() / commit
-    if target.is_dir() and lfs_pointers(target):
-        shutil.rmtree(target)  # cached by an older version that did not check for git-lfs pointers
-    if not target.is_dir():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(target) as tmp:  # a concurrent materialization of the same commit is identical
-            repo.checkout_into(commit, tmp)
+    if not target.is_dir() or lfs_pointers(target):
+        materialize(repo, commit, target)
     return target
+
+
+def materialize(repo: LocalGitRepository, commit: str, target: Path) -> None:
+    """Write the files of `commit` into the cache folder `target`; a cache that cannot be written (read-only, a
+    full or over-quota home, a file in the way) is a one-line error naming it and CODEPARROT_CACHE, which
+    moves it."""
+    cache = target.parent
+    problem = writable_dir_problem(cache)
+    if problem is None:
+        try:
+            if target.is_dir():
+                shutil.rmtree(target)  # cached by an older version that did not check for git-lfs pointers
+            with atomic_dir(target) as tmp:  # a concurrent materialization of the same commit is identical
+                repo.checkout_into(commit, tmp)
+            return
+        except OSError as err:
+            problem = err.strerror or str(err)
+    raise CodeParrotError(f"cannot write {repo.ref} at {commit[:12]} into the revision cache {cache}: {problem}; "
+                          "set CODEPARROT_CACHE to a folder you can write to")

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from codeparrot.atomic_io import (atomic_write_json, atomic_write_text, fsync_tr
                                   remove_stale_temporaries)
 from codeparrot.errors import CodeParrotError, first_line
 from codeparrot.repository.model import save_model_folder
+from codeparrot.safetensors_header import end_of_data, read_safetensors_header
 
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
@@ -176,18 +176,13 @@ def safetensors_problem(path: Path) -> str | None:
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                return f"{path.name} is truncated ({size} bytes)"
-            (header_len,) = struct.unpack("<Q", head)
-            if header_len > size - 8:
-                return f"{path.name} is truncated (header of {header_len} bytes, file of {size})"
-            header = json.loads(f.read(header_len))
-    except (OSError, ValueError) as err:
+            data, entries = read_safetensors_header(f, size)
+    except OSError as err:
         return f"{path.name} has an unreadable header ({type(err).__name__})"
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    if 8 + header_len + end != size:
-        return f"{path.name} is truncated ({size} bytes, its header describes {8 + header_len + end})"
+    except ValueError as err:
+        return f"{path.name} {err}"
+    if data + end_of_data(entries) != size:
+        return f"{path.name} is truncated ({size} bytes, its header describes {data + end_of_data(entries)})"
     return None
 
 
