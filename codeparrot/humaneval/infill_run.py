@@ -22,7 +22,14 @@ from codeparrot.humaneval.config import HumanEvalConfig
 from codeparrot.humaneval.infilling import PUBLISHED_TASKS, exact_match, infilling_tasks, scoring_inputs
 from codeparrot.humaneval.pass_at_k import format_table
 from codeparrot.humaneval.problems import default_problems_file, load_problems, read_samples
-from codeparrot.humaneval.scoring import samples_path, score, score_command, tasks_without_samples
+from codeparrot.humaneval.scoring import (
+    executions_path,
+    report_sandbox_errors,
+    samples_path,
+    score,
+    score_command,
+    tasks_without_samples,
+)
 from codeparrot.sandbox import ALLOW_ENV, code_execution_allowed
 
 
@@ -102,9 +109,8 @@ def run_infilling(config: HumanEvalConfig) -> int:
               f"  {command}")
         return 0
     scoring_problems, scoring_samples = scoring_inputs(tasks, samples, problems)
-    out = Path(config.output)
     scored = score(scoring_problems, scoring_samples, sandbox_cfg, config.num_workers, config.k,
-                   log_file=out.with_name(out.stem + ".executions.jsonl"), dedup=not config.execute_duplicates,
+                   log_file=executions_path(config), dedup=not config.execute_duplicates,
                    progress=config.progress, allow_missing=config.allow_missing_tasks)
     results = {"config": settings, **({"generation": generation} if generation else {}), **scored,
                "exact_match": exact}
@@ -116,4 +122,5 @@ def run_infilling(config: HumanEvalConfig) -> int:
           f"({ex['programs_per_s']} programs/s); statuses {scored['status_counts']}")
     print(f"sandbox: {ex['sandbox']}")
     print(f"results written to {config.output}")
+    report_sandbox_errors(scored, config)  # a warning, or the error when the sandbox ran no sample at all
     return 0

@@ -107,6 +107,19 @@ def test_infilling_cli_canonical_completions_and_opt_in(tmp_path, capsys):
         run_infilling(_config(**{**opts, "benchmark": "multi-line"}))  # middles of another benchmark
 
 
+def test_an_infilling_run_the_sandbox_could_not_run_at_all_is_an_error_after_its_results(tmp_path):
+    """As for HumanEval's own run (test_scoring.py): a 0% of sandbox failures is no result."""
+    from codeparrot.humaneval.infill_run import run_infilling
+
+    options = dict(problems=None, num_tasks=2, timeout=3.0, memory_mb=1, completions=None, canonical=True,
+                   model=None, revision=None, output=str(tmp_path / "c.json"), k=[1], allow_code_execution=True,
+                   num_workers=1, execute_duplicates=False, no_progress=True, allow_missing_tasks=False,
+                   samples_file=None, benchmark="single-line")
+    with pytest.raises(CodeParrotError, match=r"^the sandbox could not run any of the 2 samples"):
+        run_infilling(_config(**options))
+    assert json.loads((tmp_path / "c.json").read_text())["status_counts"] == {"error": 2}
+
+
 def test_infilling_generation_uses_the_psm_prompt_and_never_returns_a_sentinel(tiny_model, tmp_path, stdlib_texts):
     from codeparrot.fim import FIM_TOKENS, fim_prompt_ids
     from codeparrot.humaneval.generation import SamplingConfig, generate_samples, prompt_ids
