@@ -147,10 +147,10 @@ def run_cli(main: Callable[[], int | None]) -> None:
     except CodeParrotError as err:
         for listener in list(_error_listeners):
             try:
-                listener(f"error: {err}")
+                listener(f"error: {error_message(err)}")
             except Exception:  # noqa: BLE001 - recording the error must never hide it
                 pass
-        report_error_line(f"error: {err}")
+        report_error_line(f"error: {error_message(err)}")
         sys.exit(USER_ERROR_EXIT)
     except KeyboardInterrupt as err:
         if not (isinstance(err, Terminated) or _sigterm_received):
@@ -199,6 +199,19 @@ def _record_for_launcher(line: str, status: int) -> bool:
     except OSError:
         return False  # then the main process prints it
     return True
+
+
+def error_message(err: CodeParrotError) -> str:
+    """The line a `CodeParrotError` stands for. One raised in a DataLoader worker (a damaged shard, a token id past
+    the vocabulary) reaches the main process re-raised by torch as the same type whose message is the worker's
+    whole traceback ("Caught CodeParrotError in DataLoader worker process 0.\nOriginal Traceback ...\n
+    codeparrot.errors.CodeParrotError: <the line>"): its line is the traceback's last."""
+    text = str(err)
+    if text.startswith("Caught ") and "\nOriginal Traceback" in text:
+        name, sep, line = text.rstrip().rsplit("\n", 1)[-1].partition(": ")
+        if sep and name.rsplit(".", 1)[-1] == type(err).__name__:
+            return line
+    return text
 
 
 def first_line(err: BaseException | str, default: str | None = None) -> str:

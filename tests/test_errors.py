@@ -58,3 +58,24 @@ def test_ctrl_c_that_a_library_turned_into_another_error_is_still_interrupted(ca
             run_cli(bug)
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+class _Refusing(__import__("torch").utils.data.IterableDataset):
+    def __iter__(self):
+        raise CodeParrotError("/data/tokens.bin: token id 70000 at token offset 3 is not below the vocabulary size")
+
+
+def test_an_error_raised_in_a_dataloader_worker_is_reported_as_its_own_line():
+    """torch re-raises a worker's CodeParrotError with the worker's whole traceback as its message: the CLI's
+    `error:` line used to be that traceback (training reads its data in DataLoader workers by default)."""
+    from torch.utils.data import DataLoader
+
+    from codeparrot.errors import error_message
+
+    with pytest.raises(CodeParrotError) as err:
+        next(iter(DataLoader(_Refusing(), num_workers=1)))
+    assert "Traceback" in str(err.value)  # what torch made of it
+    assert error_message(err.value) == ("/data/tokens.bin: token id 70000 at token offset 3 is not below the "
+                                        "vocabulary size")
+    plain = CodeParrotError("Caught nothing: a user's message that merely starts so")
+    assert error_message(plain) == str(plain)
