@@ -77,6 +77,9 @@ class PlotConfig:
     max_eval_steps: int = doc(20, "batches per checkpoint, -1 for the whole split (default: 20)")
     batch_size: int = doc(8, "sequences per batch (default: 8)")
     seq_length: int | None = doc(None, "tokens per sequence (default: the model's context)")
+    progress: bool = doc(True, "no progress of the --dataset evaluations (without it: a bar per checkpoint where "
+                               "stderr is a terminal, else periodic lines with the rates)", flag="--no-progress",
+                         inverted=True)
 
 
 def _table(rows: list[list], header: list[str]) -> str:
@@ -136,9 +139,13 @@ def run_plot(cfg: PlotConfig) -> None:
     else:
         from codeparrot.training.validation import validation_loss
 
-        for c in branch_checkpoints(repo, cfg.branch):
+        checkpoints = branch_checkpoints(repo, cfg.branch)
+        for i, c in enumerate(checkpoints, start=1):
+            # A bar per checkpoint (each its own evaluation, after its own model load): its total is known
+            # (--max-eval-steps or the split's batches) and its rate is the evaluation's, without the loads.
+            label = f"checkpoint {i}/{len(checkpoints)} (step {c.step})" if cfg.progress else None
             result = validation_loss(cfg.repo, cfg.dataset, revision=c.commit_id, max_eval_steps=cfg.max_eval_steps,
-                                     batch_size=cfg.batch_size, seq_length=cfg.seq_length)
+                                     batch_size=cfg.batch_size, seq_length=cfg.seq_length, progress=label)
             points.append({"step": c.step, "commit": c.commit_id, "loss": result["loss"],
                            "perplexity": result["perplexity"], "measured_on": result["measured_on"]})
         source = f"on {cfg.dataset}"

@@ -347,6 +347,8 @@ class ValidationLossConfig:
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = doc(None, "default: from the Accelerate "
                                                                          "config/launcher")
     output: Optional[str] = doc(None, "also write the result as JSON here (atomically)")
+    progress: bool = doc(True, "no progress (without it: a bar where stderr is a terminal, else periodic lines "
+                               "with the rates)", flag="--no-progress", inverted=True)
 
 
 @dataclass

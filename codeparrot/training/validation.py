@@ -14,6 +14,9 @@ dynamic shapes) for the last batch.
 
 A split that gives no sequence at all would give a NaN loss, of 0 tokens: training (`run_data.build_datasets`) and
 scripts/validation_loss.py refuse it at start instead (`check_has_a_sequence`).
+
+Progress is the caller's opt-in (`on_step`): the CLIs (scripts/validation_loss.py, `checkpoints.py plot --dataset`)
+report it (`EvalProgress`); training's periodic evaluation (its own bar and log lines) and the app do not.
 """
 
 from __future__ import annotations
@@ -21,22 +24,26 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 from accelerate import Accelerator, PartialState
+from tqdm.auto import tqdm
 
 from codeparrot.atomic_io import atomic_write_json, ensure_writable_dir
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.metrics import describe_eval
 from codeparrot.repository.model import check_model_tokenizer, load_pretrained_model, read_model_config
 from codeparrot.repository.refs import resolve_model_dir
-from codeparrot.tokenizer import load_tokenizer
+from codeparrot.tokenizer import PROGRESS_EVERY_S, load_tokenizer
 from codeparrot.training.config import ValidationLossConfig
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.loader import build_dataloader, build_dataset
+from codeparrot.training.datasets.pretokenized import PretokenizedDataset
 from codeparrot.training.datasets.resumable import Reader
 from codeparrot.training.loss import IGNORE_INDEX, FusedHead, fused_head_weight, token_loss_sum
 
@@ -70,7 +77,8 @@ class EvaluationStopped(CodeParrotError):
 def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int = -1,
              dummy_shape: tuple[int, int] | None = None,
              head_weight: FusedHead | torch.Tensor | None = None,
-             should_stop: Callable[[], bool] | None = None) -> EvalResult:
+             should_stop: Callable[[], bool] | None = None,
+             on_step: Callable[[int], None] | None = None) -> EvalResult:
     """Validation loss of `model` over this process's `batches` (LongTensor [B, T], labels = inputs) and the
     other processes' ones: `max_steps` eval steps (each process one batch per step), or -1 for all of them.
 
@@ -80,7 +88,11 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
 
     `should_stop`, asked on the host before every eval step (the app's losses plot: its client cancelled or
     left), ends the evaluation there with `EvaluationStopped`; with several processes, on all of them at the same
-    step as soon as one is asked to (carried by the step's "has data" all-reduce: no extra collective)."""
+    step as soon as one is asked to (carried by the step's "has data" all-reduce: no extra collective).
+
+    `on_step`, called on the host after every eval step with the tokens this process predicted in it (rows ×
+    (T - 1) of its batch, 0 for a dummy one), reads the batch's shape only: no device value, no sync per batch.
+    The CLIs' progress (`EvalProgress`); None (training, the app): no progress."""
     device = accelerator.device
     was_training = model.training
     model.eval()
@@ -120,6 +132,8 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
         loss_sum += batch_loss.double()
         count += batch_count
         steps += 1
+        if on_step is not None:
+            on_step(0 if batch is None else batch.shape[0] * (batch.shape[1] - 1))  # labels = inputs: no -100
     totals = torch.stack([loss_sum, count.double(), torch.tensor(float(sequences), dtype=torch.float64,
                                                                  device=device)])
     if accelerator.num_processes > 1:
@@ -133,6 +147,63 @@ def evaluate(model, batches: Iterable[torch.Tensor], accelerator, max_steps: int
     loss = total_loss / total_count if total_count else float("nan")
     return EvalResult(loss=loss, perplexity=perplexity(loss), tokens=int(total_count), batches=steps,
                       sequences=int(total_sequences), seq_length=seq_length or (shape[1] if shape else None))
+
+
+class EvalProgress:
+    """`on_step` of a CLI's evaluation, on the main process: eval steps (batches) and tokens/s, counted on the host.
+    Where stderr is a terminal, a tqdm bar (as the other long CLIs); elsewhere (a log file: the demo's stages, a
+    cluster job) a bar's redraws would be one long line of carriage returns, so a line every `PROGRESS_EVERY_S`
+    seconds and one at the end instead, as tokenizer training prints. On a GPU the forwards are queued
+    asynchronously: the host runs ahead of the device by at most its launch queue, so the rates are the device's
+    over any stretch longer than a few batches. `total`: the eval steps when known (`eval_steps_total`)."""
+
+    def __init__(self, label: str, total: int | None = None, terminal: bool | None = None):
+        self.label, self.total = label, total
+        self.steps = self.tokens = 0
+        self.start = self.last_line = time.monotonic()
+        terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.bar = tqdm(total=total, unit="batch", desc=label, dynamic_ncols=True) if terminal else None
+
+    def __call__(self, tokens: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        now = time.monotonic()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.tokens / max(now - self.start, 1e-9):,.0f} tok/s", refresh=False)
+            self.bar.update(1)
+        elif now - self.last_line >= PROGRESS_EVERY_S:
+            self.last_line = now
+            self._line(now - self.start, done=False)
+
+    def close(self, finished: bool = True) -> None:
+        """The bar closed, or (a log file) the last line with the whole pass's rates: only for a pass that
+        `finished` (a stopped or failed one says so in its own error)."""
+        if self.bar is not None:
+            self.bar.close()
+        elif finished and self.steps:
+            self._line(time.monotonic() - self.start, done=True)
+
+    def _line(self, seconds: float, done: bool) -> None:
+        seconds = max(seconds, 1e-9)
+        total = "" if done or self.total is None else f"/{self.total:,}"
+        print(f"{self.label}: {'done, ' if done else ''}{self.steps:,}{total} batches, {self.tokens:,} tokens in "
+              f"{seconds:,.0f} s ({self.steps / seconds:.2f} batches/s, {self.tokens / seconds:,.0f} tokens/s)",
+              file=sys.stderr, flush=True)
+
+
+def eval_steps_total(dataset, batch_size: int, num_workers: int, max_steps: int) -> int | None:
+    """The eval steps of `validation_loss` where cheap to know, for this process's progress: `max_steps`, or fewer
+    for pretokenized data, whose shard is known without reading it: this rank's positions r::world_size (rank 0,
+    the main process, has the most, so its batches are the eval steps), of which each DataLoader worker batches
+    its own w::workers (as `PretokenizedDataset.order` deals them). Text data: None (its sequences are known only
+    once tokenized) unless `max_steps` bounds them."""
+    limit = None if max_steps < 0 else max_steps
+    if not isinstance(dataset, PretokenizedDataset):
+        return limit
+    workers = max(num_workers, 1)
+    shard = range(dataset.n_sequences)[dataset.rank::dataset.world_size]
+    batches = sum(math.ceil(len(shard[worker::workers]) / batch_size) for worker in range(workers))
+    return batches if limit is None else min(batches, limit)
 
 
 def check_has_a_sequence(dataset, readers: int, split: str, seq_key: str, workers_key: str) -> None:
@@ -187,10 +258,11 @@ def perplexity(loss: float) -> float:
 def validation_loss(model_ref: str, dataset: str, revision: str | None = None, tokenizer_ref: str | None = None,
                     seq_length: int | None = None, batch_size: int = 8, max_eval_steps: int = -1,
                     text_column: str = "content", num_workers: int = 0, mixed_precision: str | None = None,
-                    should_stop: Callable[[], bool] | None = None) -> dict:
+                    should_stop: Callable[[], bool] | None = None, progress: str | None = None) -> dict:
     """Loss and perplexity of a checkpoint (`model_ref` at `revision`) on `dataset`, on every process Accelerate
     launched (each takes its own shard). Returns the same summary dict on every process. `should_stop`: see
-    `evaluate` (raises `EvaluationStopped`)."""
+    `evaluate` (raises `EvaluationStopped`). `progress`: the label of the evaluation's progress on the main
+    process (`EvalProgress`: the CLIs); None for none (the app)."""
     if batch_size <= 0 or (max_eval_steps == 0 or max_eval_steps < -1):
         raise CodeParrotError(f"batch size must be > 0 and max eval steps -1 or > 0, got {batch_size}, {max_eval_steps}")
     if seq_length is not None and seq_length <= 0:  # 0 would silently mean the model's context
@@ -211,12 +283,22 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
                               pin_memory=accelerator.device.type == "cuda")
     model = accelerator.prepare(model)
     head = fused_head_weight(accelerator, model)
+    bar = None
+    if progress is not None and accelerator.is_main_process:
+        if accelerator.num_processes > 1:  # its shard's tokens: the others' are not read (no sync per batch)
+            progress = f"{progress} (rank 0/{accelerator.num_processes})"
+        bar = EvalProgress(progress, eval_steps_total(data, batch_size, num_workers, max_eval_steps))
+    finished = False
     try:
         result = evaluate(model, loader, accelerator, max_steps=max_eval_steps, dummy_shape=(batch_size, seq_length),
-                          head_weight=head, should_stop=should_stop)
+                          head_weight=head, should_stop=should_stop, on_step=bar)
+        finished = True
     except EvaluationStopped:
         accelerator.end_training()  # as after a whole evaluation: every process stopped at the same step
         raise
+    finally:
+        if bar is not None:
+            bar.close(finished)
     accelerator.end_training()
     if not result.tokens:  # every process has the totals: each raises the same line
         raise CodeParrotError(f"nothing to evaluate: {dataset} holds no complete sequence of {seq_length} tokens "
@@ -239,7 +321,8 @@ def run_validation_loss(cfg: ValidationLossConfig) -> dict:
     result = validation_loss(cfg.model, cfg.dataset, revision=cfg.revision, tokenizer_ref=cfg.tokenizer,
                              seq_length=cfg.seq_length, batch_size=cfg.batch_size,
                              max_eval_steps=cfg.max_eval_steps, text_column=cfg.text_column,
-                             num_workers=cfg.num_workers, mixed_precision=cfg.mixed_precision)
+                             num_workers=cfg.num_workers, mixed_precision=cfg.mixed_precision,
+                             progress="validation" if cfg.progress else None)
     if PartialState().is_main_process:
         print(f"validation loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} | "
               f"{result['measured_on']} | {result['processes']} process(es) | {cfg.model}"

@@ -4,6 +4,8 @@ plain token mean over the whole split, one shape for every forward, and no value
 from __future__ import annotations
 
 import json
+import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -141,3 +143,93 @@ def test_bad_output_and_sequence_length_are_refused_before_the_evaluation(tmp_pa
         validation.run_validation_loss(ValidationLossConfig(model="m", dataset="d", output=str(tmp_path)))
     with pytest.raises(CodeParrotError, match="seq length must be > 0 .*got 0"):
         validation.validation_loss("m", "d", seq_length=0)
+
+
+def test_the_cli_evaluation_reports_progress_and_training_evaluation_none(monkeypatch, capsys):
+    """scripts/validation_loss.py and `checkpoints.py plot --dataset` used to evaluate for minutes in silence. Their
+    progress (`on_step`, counted from the batches' shapes: no host read per batch) is a tqdm bar on a terminal and
+    plain lines in a log file (no carriage returns); training's periodic evaluation, which has its own bar and
+    log lines, passes none and prints nothing, even on a terminal."""
+    from codeparrot.training import validation
+    from codeparrot.training.config import TrainConfig
+    from codeparrot.training.run_data import run_eval
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=32, vocab_size=128))
+    split = list(torch.randint(0, 128, (7, 24), generator=torch.Generator().manual_seed(1)).split(3))  # 3, 3, 1
+    cpu = SimpleNamespace(device=torch.device("cpu"), num_processes=1)
+    bar = validation.EvalProgress("validation", total=3, terminal=True)
+    with HostReads() as reads:
+        evaluate(model, split, cpu, on_step=bar)
+    bar.close()
+    assert reads.count == 3  # the totals at the end, as without progress: none per batch
+    err = capsys.readouterr().err
+    assert "validation: 100%" in err and "3/3" in err and "batch/s" in err and "tok/s" in err
+
+    monkeypatch.setattr(validation, "PROGRESS_EVERY_S", 0.0)  # a line at every batch
+    lines = validation.EvalProgress("validation", total=3, terminal=False)
+    evaluate(model, split, cpu, on_step=lines)
+    lines.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    tokens = [r"69", r"138", r"161"]  # 3, 3 and 1 sequences of 23 predicted tokens
+    pattern = r"validation: {}{}/3 batches, {} tokens in \d+ s \([\d.]+ batches/s, [\d,]+ tokens/s\)"
+    for n, (line, count) in enumerate(zip(err.splitlines(), tokens), start=1):
+        assert re.fullmatch(pattern.format("", n, count), line), line
+    assert re.fullmatch(pattern.format("done, ", 3, "161").replace("/3", ""), err.splitlines()[-1])
+    stopped = validation.EvalProgress("validation", total=3, terminal=False)
+    stopped(23)
+    stopped.close(finished=False)  # a pass stopped or failed: its error says so, no "done" line
+    assert "done" not in capsys.readouterr().err
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # where a bar would show
+    cfg = TrainConfig(model="m")
+    cfg.eval.micro_batch_size, cfg.data.seq_length = 3, 24
+    run_eval(cfg, model, None, [row for batch in split for row in batch], cpu, torch.device("cpu"))
+    assert capsys.readouterr() == ("", "")
+
+
+def test_the_progress_total_is_the_main_process_eval_steps(tiny_models, tmp_path):
+    """A pretokenized split's eval steps are known without reading it: the main process's (rank 0's) batches,
+    each DataLoader worker batching its own share, capped by --max-eval-steps; text data: only the cap."""
+    from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.datasets.pretokenize import pretokenize
+    from codeparrot.training.datasets.pretokenized import PretokenizedDataset
+    from codeparrot.training.validation import eval_steps_total
+
+    tokenizer = load_tokenizer(str(tiny_models["random"]))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"content": f"def f{i}(x):\n    return x + {i}\n" * 3}) + "\n"
+                            for i in range(40)))
+    pretokenize(str(data), tokenizer, tmp_path / "tokens", progress=False)
+    for world, workers, batch in ((1, 0, 4), (2, 2, 3), (3, 2, 5)):
+        ds = PretokenizedDataset(tmp_path / "tokens", 8, shuffle=False, world_size=world)
+        readers = world * max(workers, 1)
+        steps = sum(-(-len(ds.order(0, reader, readers)) // batch) for reader in range(max(workers, 1)))
+        assert ds.n_sequences > 20 and eval_steps_total(ds, batch, workers, -1) == steps
+        assert eval_steps_total(ds, batch, workers, 2) == 2
+    assert eval_steps_total([], 4, 0, -1) is None and eval_steps_total([], 4, 0, 7) == 7
+
+
+def test_validation_loss_cli_prints_progress_lines_unless_no_progress(tiny_models, tmp_path, load_script, capsys,
+                                                                        fresh_accelerate_state):
+    """In a log file (the demo's validation stage), scripts/validation_loss.py ends its evaluation with a line of
+    batches and tokens/s before the result; --no-progress leaves it out."""
+    from codeparrot.tokenizer import load_tokenizer
+    from codeparrot.training.datasets.pretokenize import pretokenize
+
+    from .in_process import reset_accelerate
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"content": f"def f{i}(x):\n    return x * {i}\n" * 4}) + "\n"
+                            for i in range(10)))
+    pretokenize(str(data), load_tokenizer(str(tiny_models["random"])), tmp_path / "tokens", progress=False)
+    script = load_script("validation_loss")
+    argv = ["--model", str(tiny_models["random"]), "--dataset", str(tmp_path / "tokens"), "--seq-length", "16",
+            "--batch-size", "4", "--max-eval-steps", "2"]
+    assert script.main(argv) == 0
+    reset_accelerate()
+    err = capsys.readouterr().err
+    assert re.search(r"^validation: done, 2 batches, 120 tokens in \d+ s \(.* tokens/s\)$", err, re.M), err
+    assert script.main([*argv, "--no-progress"]) == 0
+    assert "validation:" not in capsys.readouterr().err
