@@ -1,11 +1,18 @@
-"""The row type every benchmark returns, and the repeat-and-take-the-median helper."""
+"""The row type every benchmark returns, the repeat-and-take-the-median helper, and the command line of a benchmark
+module run alone (`python -m codeparrot.tools.benchmarks.<area> [--quick]`)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
+
+from codeparrot.config import doc
+from codeparrot.config_flags import parse_config
+from codeparrot.errors import run_cli
+
+F = TypeVar("F", bound="AreaFlags")
 
 
 @dataclass
@@ -34,3 +41,27 @@ def rate(work: float, fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return work / max(time.perf_counter() - start, 1e-9)
+
+
+@dataclass
+class AreaFlags:
+    """The flags of a benchmark module run alone; a module with more flags subclasses it."""
+
+    quick: bool = doc(False, "small inputs and few repeats (make bench's smoke run, `scripts/bench.py --quick`): "
+                             "not figures to quote")
+
+
+def print_rows(rows: list[BenchRow]) -> None:
+    for row in rows:
+        print(row)
+
+
+def area_cli(description: str, run: Callable[[F], object], flags: type[F] = AreaFlags) -> None:
+    """A benchmark module's `__main__`: its flags parsed first (`--help` shows `description`, the module docstring,
+    and exits before anything is measured; an unknown flag is an error, status 2), then `run(flags)` under
+    `run_cli`, so that SIGTERM unwinds like Ctrl-C and the benchmark's temporary folders are removed."""
+    def main() -> int:
+        run(parse_config(flags, None, description))
+        return 0
+
+    run_cli(main)

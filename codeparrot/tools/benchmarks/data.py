@@ -18,8 +18,7 @@ from pathlib import Path
 from codeparrot.data.export import export_local
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
 from codeparrot.data.records import iter_texts, resolve_data_files
-from codeparrot.tokenizer import train_tokenizer
-from codeparrot.tools.benchmarks.common import BenchRow, measure
+from codeparrot.tools.benchmarks.common import BenchRow, area_cli, measure, print_rows
 
 TARGET_EXACT_AND_FILTERS = 380  # files/s on the site-packages export with 2 workers (issue 2)
 # The original preprocessing script on this machine, 2 workers. It always counts tokens (the chars-per-token
@@ -122,6 +121,8 @@ def _export_row(name: str, sources: list[Path], out: Path, repo_per_subfolder: b
 
 def _stdlib_tokenizer(raw: Path, out: Path) -> Path:
     """A CodeParrot-sized (32,768) byte-level BPE trained on the stdlib export: what --tokenizer loads."""
+    from codeparrot.tokenizer import train_tokenizer  # transformers and torch: not for `--help`
+
     tok = train_tokenizer(iter_texts(resolve_data_files([raw])), vocab_size=32768, show_progress=False)
     tok.save_pretrained(out)
     return out
@@ -148,7 +149,4 @@ def rows(quick: bool = False) -> list[BenchRow]:
 
 
 if __name__ == "__main__":
-    import sys
-
-    for row in rows(quick="--quick" in sys.argv):
-        print(row)
+    area_cli(__doc__, lambda flags: print_rows(rows(quick=flags.quick)))

@@ -19,7 +19,7 @@ from codeparrot.data.encoded_data import encoded_data_reason
 from codeparrot.data.licenses import LicenseFilter
 from codeparrot.data.near_dedup import MinHasher
 from codeparrot.data.secret_redaction import EMAIL, redact, _emails
-from codeparrot.tools.benchmarks.common import BenchRow
+from codeparrot.tools.benchmarks.common import BenchRow, area_cli, print_rows
 from codeparrot.tools.secret_sample import Plant, labelled_sample, stdlib_files
 
 QUICK_FILES, FULL_SAMPLE, DETECT_SECRETS_FILES = 300, 400, 300
@@ -122,7 +122,4 @@ def rows(quick: bool = False) -> list[BenchRow]:
 
 
 if __name__ == "__main__":
-    import sys
-
-    for row in rows(quick="--quick" in sys.argv):
-        print(row)
+    area_cli(__doc__, lambda flags: print_rows(rows(quick=flags.quick)))

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from codeparrot.data.near_dedup import MinHasher, find_clusters, identifier_tokens
-from codeparrot.tools.benchmarks.common import BenchRow, measure, rate
+from codeparrot.tools.benchmarks.common import BenchRow, area_cli, measure, print_rows, rate
 
 TARGET_FILES_PER_S = 3500  # issue 2, on 2 cores
 CHUNK = 64  # texts per task sent to a worker process (what a pipeline worker receives)
@@ -192,7 +192,4 @@ def rows(quick: bool = False) -> list[BenchRow]:
 
 
 if __name__ == "__main__":
-    import sys
-
-    for row in rows(quick="--quick" in sys.argv):
-        print(row)
+    area_cli(__doc__, lambda flags: print_rows(rows(quick=flags.quick)))

@@ -2,8 +2,9 @@
 the driver holds from the read to the shard assignment, run with the engine's own functions on n files.
 
 Per file, the driver gets only fixed-size numbers (`codeparrot.data.ray_engine`): each block's ids and digests
-(exact dedup, `ray_read.ExactDedup`: 8 bytes per distinct file stay), the kept files' id, digest, size, has-signature flag and copies, and, one block at a time,
-their signatures, which go to a memory-mapped file (page cache, not the driver's heap) for `find_clusters`;
+(exact dedup, `ray_read.ExactDedup`: 8 bytes per distinct file stay), the kept files' id, digest, size,
+has-signature flag and copies, and, one block at a time, their signatures, which go to a memory-mapped file (page
+cache, not the driver's heap) for `find_clusters`;
 then, per clustered file, its entry of `duplicate_clusters.json` (repo_name, path, input location).
 The figure is the slope of tracemalloc's peak between two sizes, so fixed buffers do not count as per-file
 memory; the memory-mapped signatures (4 x num_perm bytes per survivor, on the driver's disk) are reported apart.
@@ -14,14 +15,17 @@ from __future__ import annotations
 import tempfile
 import time
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from codeparrot.config import doc
 from codeparrot.data import distributed_clustering as dc
 from codeparrot.data.cluster_report import clusters_report, member_entry, near_duplicates_to_drop
 from codeparrot.data.lsh import find_clusters
-from codeparrot.tools.benchmarks.common import BenchRow
+from codeparrot.errors import CodeParrotError
+from codeparrot.tools.benchmarks.common import AreaFlags, BenchRow, area_cli, print_rows
 from codeparrot.tools.benchmarks.near_dedup import synthetic_signatures
 
 BLOCK = 65_536  # files per block summary / signature block, as the driver receives them
@@ -149,19 +153,23 @@ def rows(quick: bool = False) -> list[BenchRow]:
     return out
 
 
-if __name__ == "__main__":
-    import argparse
+@dataclass
+class RayDriverFlags(AreaFlags):
+    files: int | None = doc(None, "instead of the rows: one run at this many files, --ray-clustering distributed "
+                                  "(e.g. 20000000: the driver's peak at CodeParrot's scale)")
 
-    parser = argparse.ArgumentParser(description="the Ray engine's driver memory on synthetic numbers")
-    parser.add_argument("--quick", action="store_true", help="the smaller sizes of make bench's smoke test")
-    parser.add_argument("--files", type=int, help="instead: one run at this many files, --ray-clustering distributed "
-                        "(e.g. 20000000: the driver's peak at CodeParrot's scale)")
-    args = parser.parse_args()
-    if args.files:
-        with tempfile.TemporaryDirectory(prefix="codeparrot-bench-driver-") as tmp:
-            peak, seconds = _driver_peak(args.files, Path(tmp), "distributed")
-        print(f"{args.files:,} files, --ray-clustering distributed: driver peak {peak / 2**30:.2f} GiB "
-              f"(tracemalloc), {seconds:.0f} s on the driver")
-    else:
-        for row in rows(quick=args.quick):
-            print(row)
+
+def _main(flags: RayDriverFlags) -> None:
+    if flags.files is None:
+        print_rows(rows(quick=flags.quick))
+        return
+    if flags.files < 1:
+        raise CodeParrotError(f"--files {flags.files}: give a number of files of at least 1")
+    with tempfile.TemporaryDirectory(prefix="codeparrot-bench-driver-") as tmp:
+        peak, seconds = _driver_peak(flags.files, Path(tmp), "distributed")
+    print(f"{flags.files:,} files, --ray-clustering distributed: driver peak {peak / 2**30:.2f} GiB "
+          f"(tracemalloc), {seconds:.0f} s on the driver")
+
+
+if __name__ == "__main__":
+    area_cli(__doc__, _main, RayDriverFlags)

@@ -22,19 +22,21 @@ import sysconfig
 import tempfile
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
+from codeparrot.config import doc
 from codeparrot.data.export import export_local
 from codeparrot.data.preprocess import PreprocessConfig, preprocess
 from codeparrot.tools.benchmarks import ray_driver
-from codeparrot.tools.benchmarks.common import BenchRow, measure
+from codeparrot.tools.benchmarks.common import AreaFlags, BenchRow, area_cli, measure, print_rows
 from codeparrot.tools.benchmarks.data import QUICK_PACKAGES
 
 
 def _run(raw: Path, out: Path, engine: str, workers: int, running_ray: bool = False, **kw) -> tuple[dict, float]:
     """(stats, seconds) of one run; `running_ray`: a loopback Ray with `workers` CPUs is started first (not
     timed) and shut down after, so the engine joins a running Ray."""
-    from codeparrot.data.ray_cluster import start_local_ray
+    from codeparrot.data.ray_cluster import ray_shutdown, start_local_ray
 
     if running_ray:
         start_local_ray(workers)
@@ -44,22 +46,22 @@ def _run(raw: Path, out: Path, engine: str, workers: int, running_ray: bool = Fa
                                             progress=False, engine=engine, **kw))
         return stats, time.perf_counter() - start
     finally:
-        if running_ray:
-            import ray
-
-            ray.shutdown()
+        if running_ray:  # not `ray.shutdown()`: it leaves SIGTERM killing this process, temporary folder and all
+            ray_shutdown()
 
 
 def startup_seconds(workers: int = 2) -> float:
     """Seconds to start a local loopback Ray, run one task and shut it down."""
-    from codeparrot.data.ray_cluster import start_ray
+    from codeparrot.data.ray_cluster import ray_shutdown, start_ray
 
     start = time.perf_counter()
     start_ray(PreprocessConfig(["-"], "-", num_workers=workers, engine="ray", progress=False))
     import ray
 
-    ray.get(ray.remote(lambda: 1).remote())
-    ray.shutdown()
+    try:
+        ray.get(ray.remote(lambda: 1).remote())
+    finally:
+        ray_shutdown()
     return time.perf_counter() - start
 
 
@@ -137,7 +139,7 @@ def rows(quick: bool = False) -> list[BenchRow]:
 def profile(quick: bool = False) -> str:
     """Run the Ray engine once (2 CPUs, on a running Ray) with Ray's task timeline; the table of where the time
     went."""
-    from codeparrot.data.ray_cluster import start_local_ray
+    from codeparrot.data.ray_cluster import ray_shutdown, start_local_ray
 
     with tempfile.TemporaryDirectory(prefix="codeparrot-bench-ray-profile-") as tmp:
         work = Path(tmp)
@@ -152,7 +154,7 @@ def profile(quick: bool = False) -> str:
             wall = time.perf_counter() - start
             ray.timeline(filename=str(work / "timeline.json"))
         finally:
-            ray.shutdown()
+            ray_shutdown()
         events = [e for e in json.loads((work / "timeline.json").read_text()) if e.get("ph") == "X"]
     tasks = [e for e in events if str(e.get("cat", "")).startswith("task::")]
     t0 = min(e["ts"] for e in tasks)
@@ -175,11 +177,18 @@ def profile(quick: bool = False) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    import sys
+@dataclass
+class RayEngineFlags(AreaFlags):
+    profile: bool = doc(False, "instead of the rows: run the Ray engine once and print where the time went "
+                               "(per task kind, and the busy CPUs second by second)")
 
-    if "--profile" in sys.argv:
-        print(profile(quick="--quick" in sys.argv))
+
+def _main(flags: RayEngineFlags) -> None:
+    if flags.profile:
+        print(profile(quick=flags.quick))
     else:
-        for row in rows(quick="--quick" in sys.argv):
-            print(row)
+        print_rows(rows(quick=flags.quick))
+
+
+if __name__ == "__main__":
+    area_cli(__doc__, _main, RayEngineFlags)

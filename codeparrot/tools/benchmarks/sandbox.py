@@ -29,16 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from codeparrot.humaneval.generation import SamplingConfig, generate_samples
+from codeparrot.errors import run_cli
 from codeparrot.humaneval.problems import load_problems
-from codeparrot.repository.model import build_model, load_model_config, to_gpt2_config
 from codeparrot.sandbox import Program, Sandbox, SandboxConfig, describe_layers
 from codeparrot.sandbox.client import available_cpus
-from codeparrot.tokenizer import train_tokenizer
 from codeparrot.tools.benchmarks.common import BenchRow, measure
-from codeparrot.tools.benchmarks.loader import stdlib_texts
 
 LOOP = "    while True:\n        pass\n"
 
@@ -121,7 +116,13 @@ def _human_eval_rows(n: int, workers: int, repeats: int) -> list[BenchRow]:
 
 
 def _generation_rows(quick: bool) -> list[BenchRow]:
+    # torch and transformers: imported here, not for `--help` or the sandbox rows
+    import torch
 
+    from codeparrot.humaneval.generation import SamplingConfig, generate_samples
+    from codeparrot.repository.model import build_model, load_model_config, to_gpt2_config
+    from codeparrot.tokenizer import train_tokenizer
+    from codeparrot.tools.benchmarks.loader import stdlib_texts
 
     vocab = 512 if quick else 4096
     tokenizer = train_tokenizer(stdlib_texts(20 if quick else 100), vocab_size=vocab, show_progress=False)
@@ -211,7 +212,7 @@ def compare(before: str, after: str, rounds: int = 5) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="The sandbox rows of another source tree beside this one's.")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="the other tree (e.g. `git archive HEAD` extracted)")
     parser.add_argument("--after", default=str(Path(__file__).resolve().parents[3]), help="default: this tree")
     parser.add_argument("--rounds", type=int, default=5, help="canonical runs per tree (looping: half as many)")
@@ -220,4 +221,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # SIGTERM unwinds like Ctrl-C: both trees' interpreters are stopped
