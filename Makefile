@@ -87,7 +87,7 @@ $(VENV)/.installed: pyproject.toml $(TORCH_STAMP)
 	$(PY) -m pip install --quiet $(FIND_LINKS) -c $(VENV)/.torch-constraint -e ".[dev,distributed]"
 	$(PY) -m pip install --quiet $(FIND_LINKS) --no-deps "text-generation==0.7.0"
 	@$(PY) -c 'from codeparrot.training.launch_checks import torch_build_report; print(torch_build_report())'
-	touch $@
+	@touch $@  # silent: the torch report above stays the last line
 
 install: $(VENV)/.installed
 

@@ -98,7 +98,8 @@ def _argparse_kwargs(f: dataclasses.Field, tp: Any) -> dict[str, Any]:
         kwargs["metavar"] = meta["metavar"]
     if default is not dataclasses.MISSING and default is not None:
         kwargs["default"] = default
-        if "default" not in text.lower():  # a help text that explains its default says it better
+        # a help text that explains its default says it better; an empty one ("", []) has nothing to show
+        if "default" not in text.lower() and _show(default):
             text += f" (default: {_show(default).replace('%', '%%')})"
     elif default is None:
         kwargs["default"] = None

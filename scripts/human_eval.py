@@ -1,6 +1,7 @@
 """HumanEval pass@k of a checkpoint, with sandboxed execution.
 
-    accelerate launch scripts/human_eval.py --model REPO [--revision REV] --output results.json --allow-code-execution
+    python scripts/launch.py [accelerate launch flags] scripts/human_eval.py --model REPO [--revision REV] \\
+        --output results.json --allow-code-execution
     python scripts/human_eval.py --completions samples.jsonl --output results.json --allow-code-execution
     python scripts/human_eval.py --canonical --output canonical.json --allow-code-execution   # scorer self-check
     python scripts/human_eval.py --benchmark single-line --model REPO --output infill.json --allow-code-execution

@@ -1,4 +1,9 @@
-"""Train (or resume) a CodeParrot model: `accelerate launch scripts/train.py --config configs/train/NAME.yaml`.
+"""Train (or resume) a CodeParrot model:
+
+    python scripts/launch.py [accelerate launch flags] scripts/train.py --config configs/train/NAME.yaml
+
+scripts/launch.py takes `accelerate launch`'s flags (--num_processes, --mixed_precision, ...) and starts the same
+processes; a failure then ends with the run's own one-line `error:`, not the launcher's traceback.
 
 Any config key can be overridden on the command line with dots for sections (`--optim.lr 2e-4`,
 `--batch.micro_batch_size=4`); see the list below. CLI > YAML file > defaults.

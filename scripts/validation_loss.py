@@ -1,7 +1,7 @@
 """Validation loss and perplexity of any checkpoint on a dataset, on one or many processes.
 
     python scripts/validation_loss.py --model REPO --revision RUN_BRANCH --dataset PATH [--output result.json]
-    accelerate launch --num_processes 4 scripts/validation_loss.py --model REPO --revision main --dataset PATH
+    python scripts/launch.py --num_processes 4 scripts/validation_loss.py --model REPO --revision main --dataset PATH
 
 The loss is token-weighted (sum of next-token cross-entropies / predicted tokens) over the whole split (or
 --max-eval-steps batches per process); each process reads its own shard and every sequence counts once.

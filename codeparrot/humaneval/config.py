@@ -94,7 +94,10 @@ class HumanEvalConfig:
                                      "as not computable", group=EXECUTION)
     num_workers: int | None = doc(None, "parallel sandbox workers (default: CPU count)", group=EXECUTION)
     timeout: float = doc(SandboxConfig.timeout, "wall-clock seconds per program", group=EXECUTION)
-    memory_mb: int = doc(SandboxConfig.memory_mb, "address-space limit per program", group=EXECUTION)
+    memory_mb: int = doc(SandboxConfig.memory_mb, "MiB each sandbox worker's memory cgroup holds (its program "
+                                                  "and checker, heap, tmpfs and kernel buffers included), also "
+                                                  "each program's address-space limit (the only bound where no "
+                                                  "memory cgroup can be made)", group=EXECUTION)
     execute_duplicates: bool = doc(False, "run identical (task, completion) samples separately (default: once, "
                                           "verdict shared)", group=EXECUTION)
     progress: bool = doc(True, "no progress bars", flag="--no-progress", inverted=True)

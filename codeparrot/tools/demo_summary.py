@@ -2,8 +2,10 @@
 
 Every figure comes from a file a stage wrote (stats.json, tokenizer_stats.json, metrics.jsonl, the
 validation and HumanEval JSONs; tokens/s and MFU are the run's medians after its warm-up window,
-`throughput.json`), so the summary is exactly as true as the outputs themselves; a stage whose
-file is missing shows "n/a" instead of a guess. The summary is also saved as `summary.json`.
+`throughput.json`; the steps trained of `max_steps`, and whether the `--max_minutes` budget stopped the run
+early, from the last log line and the checkpoint it ended on), so the summary is exactly as true as the outputs
+themselves; a stage whose file is missing shows "n/a" instead of a guess. The summary is also saved as
+`summary.json`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
 from codeparrot.atomic_io import atomic_write_json
+
+# a checkpoint's resolved TrainConfig (training/checkpointing.py: CONFIG_FILE; not imported: that module loads torch)
+TRAIN_CONFIG_FILE = "train_config.yaml"
 
 
 def _load(path: Path) -> Any:
@@ -37,6 +44,32 @@ def _last_training_entry(metrics: Path) -> dict:
     except OSError:
         pass
     return last
+
+
+def _training_steps(run_dir: Path, last_step: Any) -> dict:
+    """Steps trained of the run's `max_steps`, and what stopped it short: {"trained", "max_steps", "max_minutes",
+    "stopped_by": "max_minutes" or None}. The run saves a checkpoint (with its resolved config) at the step it ends
+    on, and stops early for `max_minutes` only at a log step, so `last_step` (the last train log line's) names it."""
+    if not isinstance(last_step, int):
+        return {"trained": None, "max_steps": None, "max_minutes": None, "stopped_by": None}
+    try:
+        config = yaml.safe_load((run_dir / "checkpoints" / f"step-{last_step}" / TRAIN_CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        config = None
+    config = config if isinstance(config, dict) else {}
+    max_steps, max_minutes = config.get("max_steps"), config.get("max_minutes")
+    short = isinstance(max_steps, int) and last_step < max_steps and max_minutes is not None
+    return {"trained": last_step, "max_steps": max_steps, "max_minutes": max_minutes,
+            "stopped_by": "max_minutes" if short else None}
+
+
+def _fmt_training_steps(steps: dict) -> str:
+    """'60 of 600 steps, stopped by its 4-minute budget (...)', or '600 of 600 steps'."""
+    line = f"{_fmt(steps.get('trained'))} of {_fmt(steps.get('max_steps'))} steps"
+    if steps.get("stopped_by") == "max_minutes":
+        line += (f", stopped by its {steps['max_minutes']:g}-minute budget (--max_minutes; a slower or busier "
+                 "machine trains fewer steps than the README's figures)")
+    return line
 
 
 def _model_info(repo: Path) -> dict:
@@ -114,9 +147,8 @@ def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | fro
     canon = _load(out / "humaneval_canonical.json") or {}
     return {
         "output_dir": str(out),
-        "stage_seconds": {k: round(v, 1) for k, v in timings.items()},
-        # stages this run reused: their seconds are from when they ran; "total" is this run's wall time
-        "reused_stages": sorted(reused),
+        **stage_seconds(timings),
+        "reused_stages": sorted(reused),  # their seconds are from when they ran, not from this run
         "files": {
             "input_records": stats.get("input_records"),
             "bad_records": stats.get("bad_records", {}),
@@ -129,6 +161,7 @@ def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | fro
         },
         "tokenizer_bytes_per_token": tok.get("valid_bytes_per_token", tok.get("bytes_per_token")),
         "parameters": model.get("parameters"),
+        "training_steps": _training_steps(run_dir, train.get("step")),
         "train_tokens_per_s": speed.get("median_tokens_per_s") or train.get("tokens_per_s"),
         "train_mfu": speed.get("median_mfu") or train.get("mfu"),
         "val_loss": val.get("loss"),
@@ -142,6 +175,15 @@ def collect_summary(out: Path, timings: dict[str, float], reused: set[str] | fro
         "tensorboard_logdir": str(run_dir),
         "plots_dir": str(out / "plots"),
     }
+
+
+def stage_seconds(timings: dict[str, float]) -> dict:
+    """summary.json's times: `stage_seconds` (each stage's seconds, reused ones from when they ran, and their
+    "total"), and `this_run_seconds` (this invocation's wall time: about 0 when every stage was reused).
+    `timings`: `run_stages`'s, whose "total" is this invocation's wall time."""
+    stages = {k: round(v, 1) for k, v in timings.items() if k != "total"}
+    return {"stage_seconds": {**stages, "total": round(sum(stages.values()), 1)},
+            "this_run_seconds": round(timings.get("total", 0.0), 1)}
 
 
 def stage_time_line(seconds: dict[str, float], reused: Iterable[str]) -> str:
@@ -176,7 +218,8 @@ def print_summary(out: Path, timings: dict[str, float], reused: set[str] | froze
     lines += [
         f"tokenizer: {_fmt(s['tokenizer_bytes_per_token'], '.2f')} bytes/token on the valid split",
         f"model: {_fmt(s['parameters'], ',')} parameters",
-        f"training: {_fmt(s['train_tokens_per_s'], ',.0f')} tokens/s, MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}% "
+        f"training: {_fmt_training_steps(s['training_steps'])}",
+        f"  {_fmt(s['train_tokens_per_s'], ',.0f')} tokens/s, MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}% "
         f"({MFU_CONVENTION}; median after the warm-up window)",
         f"validation: loss {_fmt(s['val_loss'], '.3f')}, perplexity {_fmt(s['perplexity'], '.1f')}",
         f"HumanEval (demo model, a few tasks): {_fmt_pass_at_k(s['humaneval'])}",
@@ -188,7 +231,7 @@ def print_summary(out: Path, timings: dict[str, float], reused: set[str] | froze
         *(f"  {b}: {_fmt_infill_benchmark(v)}" for b, v in s["infilling_canonical"].items()),
         f"TensorBoard logs: {s['tensorboard_logdir']}",
         f"plots: {s['plots_dir']}",
-        stage_time_line(s["stage_seconds"], s["reused_stages"]),
+        stage_time_line(timings, s["reused_stages"]),
         "",
         "next commands to try:",
         f"  .venv/bin/tensorboard --logdir {s['tensorboard_logdir']}",

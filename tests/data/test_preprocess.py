@@ -226,7 +226,7 @@ def test_input_and_output_errors_are_one_line(case, tmp_path, repo_root, python,
         src.write_bytes(b'{"text": "wrong column"}\n\n'), None
         expected = "no valid records in 1 input file(s): missing text column: 1"
     elif case == "unwritable output":
-        out, expected = src / "clean", "not writable"  # a folder inside a regular file cannot be created
+        out, expected = src / "clean", f"{src} is a file, not a directory"  # no folder can be made inside a file
     else:
         out.mkdir()
         (out / "notes.md").write_text("mine")
