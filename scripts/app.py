@@ -1,6 +1,6 @@
 """A web app for a checkpoint repository: complete prompts, highlight surprising tokens, browse experiments.
 
-    python scripts/app.py --model REPO [--revision REV] [--host 127.0.0.1] [--port 7860]
+    python scripts/app.py --model REPO [--revision REV] [--host 127.0.0.1] [--port 7860 (0: a free one)]
                           [--data-dir PREPROCESS_OUTPUT] [--runs-dir RUNS]
 
 REPO is a local checkpoint repository (path) or a Hub id user/name, as everywhere else. The app runs offline:
@@ -17,6 +17,7 @@ from codeparrot.errors import run_cli
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(AppConfig, argv, __doc__)
+    cfg.check_model()  # before the slow imports below, as scripts/serve.py refuses a bad --model in one line
     from codeparrot.app.server import serve  # after parsing: --help stays fast (no Gradio, no torch)
 
     serve(cfg)

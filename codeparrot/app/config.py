@@ -25,7 +25,8 @@ class AppConfig:
     revision: str | None = doc(None, "branch the pickers start on (default: main)")
     host: str = doc("127.0.0.1", "address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 exposes "
                                  "the app)")
-    port: int = doc(7860, "port to listen on (default 7860)")
+    port: int = doc(7860, "port to listen on (default 7860; 0: a free port the OS picks, shown in the printed "
+                          "URL)")
     data_dir: str | None = doc(None, "a preprocess output folder (with stats.json) for the Data tab, e.g. "
                                      "demo_output/clean")
     runs_dir: str | None = doc(None, "folder of run folders named like the branches, each with the metrics.jsonl "
@@ -49,9 +50,22 @@ class AppConfig:
         for flag, value in (("--data-dir", self.data_dir), ("--runs-dir", self.runs_dir)):
             if value is not None and not Path(value).is_dir():
                 raise CodeParrotError(f"{flag} {value}: not a folder")
+        if not 0 <= self.port <= 65535:
+            raise CodeParrotError(f"--port must be in 0..65535 (0: a free port), got {self.port}")
         if self.cache_gb <= 0 or self.max_upload_kb <= 0 or self.max_queue <= 0:
             raise CodeParrotError("--cache-gb, --max-upload-kb and --max-queue must be positive")
         check_exposure(self.host, self.credentials(), self.allow_unauthenticated)
+
+    def check_model(self) -> None:
+        """A missing repository or branch (--model, --revision) as one line at startup, as scripts/serve.py says
+        it, not on every request. Once serving, a repository that becomes unreachable is a message on the page
+        instead (`Workspace.repository`)."""
+        from codeparrot.repository.base import validate_branch_name
+        from codeparrot.repository.refs import open_repository  # light: no Gradio, no torch
+
+        branch = self.revision or "main"
+        validate_branch_name(branch)
+        open_repository(self.model).resolve_revision(branch)
 
     def credentials(self) -> list[tuple[str, str]] | None:
         return parse_credentials(self.auth, self.auth_file)

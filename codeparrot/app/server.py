@@ -55,13 +55,16 @@ def build_app(ws: Workspace):
     return demo
 
 
-def check_port(host: str, port: int) -> None:
-    """A one-line error when `host:port` cannot be bound (in use, or not an address of this machine)."""
+def check_port(host: str, port: int) -> int:
+    """The port to serve on: `port`, or for 0 a free one the OS picks (Gradio's own choice for 0 is its first
+    free port from 7860, not the OS's); a one-line error when `host:port` cannot be bound (in use, or not an
+    address of this machine)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError as err:
             raise CodeParrotError(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
+        return s.getsockname()[1]
 
 
 def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860, auth: list[tuple[str, str]] | None = None,
@@ -69,12 +72,12 @@ def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860, auth: list[t
     """Serve the app in background threads; returns (blocks, local URL). `blocks.close()` stops it.
     `auth`: [(user, password)] for Gradio's login; without it only a loopback `host` is served, unless
     `allow_unauthenticated` (codeparrot/app/access.py). `max_queue`: requests that may wait at once."""
-    if not 1 <= port <= 65535:
-        raise CodeParrotError(f"--port must be in 1..65535, got {port}")
+    if not 0 <= port <= 65535:
+        raise CodeParrotError(f"--port must be in 0..65535 (0: a free port), got {port}")
     if max_queue < 1:
         raise CodeParrotError(f"--max-queue must be at least 1, got {max_queue}")
     check_exposure(host, auth, allow_unauthenticated)
-    check_port(host, port)
+    port = check_port(host, port)
     demo = build_app(ws)
     demo.queue(default_concurrency_limit=1, max_size=max_queue)
     # Gradio refuses larger uploads before they reach a handler; the handler's own limit gives the message.

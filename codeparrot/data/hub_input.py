@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codeparrot.data.record_paths import could_be_hub_dataset, neither_path_nor_hub
 from codeparrot.data.records import (
     MAX_RECORD_BYTES,
     TOO_LARGE,
@@ -43,6 +44,8 @@ class HubInput:
     dataset_id: str
     split: str = "train"
     revision: str | None = None
+    # given as --dataset-id, which may also be a folder: errors name both readings (error text only, so not compared)
+    path_too: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         name = self.dataset_id if os.path.isdir(self.dataset_id) else HUB_PREFIX + self.dataset_id
@@ -68,7 +71,10 @@ def resolve_inputs(specs: Sequence[str], dataset_id: str | None = None, split: s
     (a Hub id or a local dataset repository folder) comes last."""
     out: list[Path | HubInput] = []
     local: list[str] = []  # a run of local specs, resolved together (a file named twice is read once)
-    items: list[str | HubInput] = [*specs, *([HubInput(dataset_id, split, revision)] if dataset_id else [])]
+    if dataset_id and not os.path.isdir(dataset_id) and not could_be_hub_dataset(dataset_id):
+        raise CodeParrotError(f"--dataset-id {dataset_id}: no such folder (and no Hub id, which is OWNER/NAME)")
+    items: list[str | HubInput] = [*specs, *([HubInput(dataset_id, split, revision, path_too=True)]
+                                             if dataset_id else [])]
     for item in items:
         if isinstance(item, HubInput) or is_hub_spec(item):
             if local:
@@ -90,7 +96,10 @@ def _json_default(value: Any) -> str:
 
 
 def _stream_error(hub: HubInput, err: Exception) -> CodeParrotError:
-    """One line for whatever datasets/huggingface_hub raised (not found, offline, bad split, ...)."""
+    """One line for whatever datasets/huggingface_hub raised (not found, offline, bad split, ...); for a
+    --dataset-id that is no folder here, naming both readings."""
+    if hub.path_too and not os.path.isdir(hub.dataset_id):
+        return neither_path_nor_hub(f"--dataset-id {hub.dataset_id}", first_line(err))
     return CodeParrotError(f"cannot stream {hub}: {first_line(err)}")
 
 

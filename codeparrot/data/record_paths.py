@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Iterable, Iterator, NoReturn
@@ -29,6 +30,27 @@ from codeparrot.errors import CodeParrotError
 
 DATA_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 SPLITS = ("train", "valid")  # the subfolders of a preprocess output root
+# `name` or `owner/name` in the Hub's characters: what a missing data path may also mean (a Hub dataset id)
+_HUB_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
+_FILE_SUFFIXES = (*DATA_SUFFIXES, ".gz", ".parquet", ".arrow", ".csv", ".txt")
+
+
+def could_be_hub_dataset(spec: str) -> bool:
+    """Whether `spec`, when no such path exists, may name a Hub dataset (`name` or `owner/name`) instead. A spec
+    starting with `.`, `/` or `~`, with two slashes or more, or ending like a data file is surely a path: a
+    missing one is "not found" at once, without asking the Hub (or waiting for it)."""
+    return bool(_HUB_DATASET_ID.match(spec)) and not spec.lower().endswith(_FILE_SUFFIXES)
+
+
+def neither_path_nor_hub(label: str, hub_reason: str) -> CodeParrotError:
+    """The one-line error for `label` (a flag and the name it was given), a missing path that
+    `could_be_hub_dataset` and that the Hub could not stream either (`hub_reason`, the library's own words):
+    both readings named, so that a mistyped folder does not read as a Hub failure only."""
+    from huggingface_hub import constants  # only the Hub path pays for the import
+
+    why = ("the Hub is offline: HF_HUB_OFFLINE=1, and the datasets cache does not hold it"
+           if constants.HF_HUB_OFFLINE else hub_reason)
+    return CodeParrotError(f"{label}: no such file or folder, and not a Hub dataset either ({why})")
 
 
 def is_data_file(path: Path) -> bool:

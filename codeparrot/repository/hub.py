@@ -27,25 +27,33 @@ from codeparrot.repository.base import BranchInfo, CheckpointRepository, CommitI
 scrub = scrub_secrets  # error messages from the Hub client may echo a token or a credentialed URL
 
 
-def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None = None) -> CodeParrotError:
-    """A one-line `CodeParrotError` for an exception raised by huggingface_hub."""
+def hub_error(err: BaseException, what: str, repo_id: str, revision: str | None = None,
+              path_too: bool = False) -> CodeParrotError:
+    """A one-line `CodeParrotError` for an exception raised by huggingface_hub. `path_too`: `repo_id` was read
+    as a Hub id only because no such folder exists here (no `hf://`), so a missing repository names both
+    readings: a mistyped or not yet created folder must not read as a Hub failure only."""
 
     at = f"{repo_id}@{revision}" if revision else repo_id
+    no_folder = f"{repo_id}: no such folder, and " if path_too else ""
     if isinstance(err, errors.RevisionNotFoundError):
         return CodeParrotError(f"revision {revision!r} not found in Hub repository {repo_id}")
     if isinstance(err, errors.RepositoryNotFoundError):
-        return CodeParrotError(f"Hub repository {repo_id} not found or not accessible "
+        return CodeParrotError(f"{no_folder}Hub repository {repo_id} not found or not accessible "
                                "(log in with `hf auth login` or set HF_TOKEN)")
     if isinstance(err, errors.OfflineModeIsEnabled) or (
             isinstance(err, errors.LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE):
+        if path_too:
+            return CodeParrotError(f"{no_folder}{at} is not in the local Hub cache either (the Hub is offline: "
+                                   "HF_HUB_OFFLINE=1)")
         return CodeParrotError(f"{what} {at}: the Hub is offline (HF_HUB_OFFLINE=1) and {at} is not in the "
                                "local cache")
     return CodeParrotError(scrub(f"{what} {at} failed: {type(err).__name__}: {first_line(err, '')}"))
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.PathLike | None = None,
-                 repo_type: str = "model") -> Path:
-    """`snapshot_download` of `repo_id` at `revision` (the local cache when offline), as a folder path."""
+                 repo_type: str = "model", path_too: bool = False) -> Path:
+    """`snapshot_download` of `repo_id` at `revision` (the local cache when offline), as a folder path.
+    `path_too`: see `hub_error`."""
 
     try:
         return Path(snapshot_download(repo_id, revision=base.validate_revision(revision) if revision else None,
@@ -53,7 +61,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None, local_dir: str | os.
     except CodeParrotError:
         raise
     except Exception as err:  # HTTP, network, offline cache miss, bad id: a one-line error naming the repo
-        raise hub_error(err, "downloading", repo_id, revision) from None
+        raise hub_error(err, "downloading", repo_id, revision, path_too=path_too) from None
 
 
 class HubRepository(CheckpointRepository):
@@ -61,9 +69,10 @@ class HubRepository(CheckpointRepository):
     (checkpoints), or with `repo_type="dataset"` a dataset repository (`codeparrot.repository.datasets`)."""
 
     def __init__(self, repo_id: str, create: bool = False, api: Any = None, private: bool | None = None,
-                 repo_type: str = "model"):
+                 repo_type: str = "model", path_too: bool = False):
 
         self.repo_id = self.ref = repo_id
+        self.path_too = path_too  # `hub_error`
         self.repo_type = repo_type
         self.api = api if api is not None else HfApi()
         self._known_branches: set[str] = set()
@@ -78,7 +87,7 @@ class HubRepository(CheckpointRepository):
         try:
             return fn(**{"repo_type": self.repo_type, **kwargs})
         except Exception as err:
-            raise hub_error(err, what, self.repo_id, at) from None
+            raise hub_error(err, what, self.repo_id, at, path_too=self.path_too) from None
 
     def _head(self, revision: str):
         """The newest `GitCommitInfo` of `revision`."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from codeparrot.atomic_io import atomic_dir, writable_dir_problem
 from codeparrot.errors import CodeParrotError
-from codeparrot.repository.base import CheckpointRepository, is_hub_ref, strip_scheme
+from codeparrot.repository.base import CheckpointRepository, check_reference, is_hub_ref, strip_scheme
 from codeparrot.repository.hub import HubRepository, hub_snapshot
 from codeparrot.repository.local import LocalGitRepository, check_no_lfs_pointers, is_git_repository, lfs_pointers
 
@@ -29,8 +29,14 @@ def open_repository(ref: str, create: bool = False, repo_type: str = "model") ->
         repo_id = strip_scheme(ref)
         if repo_type == "dataset" and ref.startswith("hf://datasets/"):
             repo_id = repo_id[len("datasets/"):]  # the Hub's own URL form of a dataset
-        return HubRepository(repo_id, create=create, repo_type=repo_type)
+        return HubRepository(repo_id, create=create, repo_type=repo_type, path_too=could_be_path(ref))
     return LocalGitRepository(Path(strip_scheme(ref)).expanduser(), create=create)
+
+
+def could_be_path(ref: str) -> bool:
+    """Whether a Hub reference `ref` was read as one only because no such folder exists here (`owner/name`
+    without `hf://`): its errors then name the missing folder too (`hub.hub_error`)."""
+    return not check_reference(ref).startswith("hf://")
 
 
 def cache_root() -> Path:
@@ -51,7 +57,7 @@ def resolve_model_dir(ref: str, revision: str | None = None) -> Path:
     """
     ref = str(ref)
     if is_hub_ref(ref):
-        return hub_snapshot(strip_scheme(ref), revision)
+        return hub_snapshot(strip_scheme(ref), revision, path_too=could_be_path(ref))
     path = Path(strip_scheme(ref)).expanduser()
     if not path.exists():
         raise CodeParrotError(f"not found: {path} (neither a folder, a local repository nor a Hub id)")

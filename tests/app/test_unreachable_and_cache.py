@@ -132,9 +132,21 @@ def test_model_cache_loads_once_and_respects_the_bound():
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "x", "--data-dir", "/no/such/dir"], "error: --data-dir /no/such/dir: not a folder"),
-    (["--model", "x", "--port", "0"], "error: --port must be in 1..65535, got 0"),
+    (["--model", "x", "--port", "70000"], "error: --port must be in 0..65535 (0: a free port), got 70000"),
+    # refused at startup, before Gradio and torch load, as scripts/serve.py refuses it (not on every request)
+    (["--model", "/no/such/repo"], "error: repository not found: /no/such/repo (scripts/initialize_model.py "
+                                   "creates one)"),
+    (["--model", "no-such-dir/repo"], "error: no-such-dir/repo: no such folder, and no-such-dir/repo@main is not "
+                                      "in the local Hub cache either (the Hub is offline: HF_HUB_OFFLINE=1)"),
 ])
 def test_cli_errors_are_one_line(repo_root, scripts_env, python, args, message):
     result = subprocess.run([python, str(repo_root / "scripts" / "app.py"), *args], capture_output=True, text=True,
                             env=scripts_env, timeout=120)
     assert result.returncode == 2 and result.stderr.strip() == message, result.stderr
+
+
+def test_port_0_is_a_free_port_the_os_picks():
+    """Gradio takes port 0 as "its first free port from 7860"; the app asks the OS, like scripts/serve.py."""
+    from codeparrot.app.server import check_port
+
+    assert 0 < check_port("127.0.0.1", 0) <= 65535

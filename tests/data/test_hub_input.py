@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -74,6 +75,26 @@ def test_stream_errors_are_one_line(dataset_repo, tmp_path, repo_root, python, s
     assert result.stderr.startswith(f"error: cannot stream {dataset_repo}:nope") and "Traceback" not in result.stderr
     with pytest.raises(CodeParrotError, match="no input"):
         preprocess(PreprocessConfig([], str(tmp_path / "o")))
+
+
+def test_a_dataset_id_that_is_no_folder_names_both_readings(monkeypatch):
+    """--dataset-id takes a folder or a Hub id: a path that cannot be a Hub id is "no such folder" before anything
+    streams; one that can, and that the Hub cannot stream either, names both readings."""
+    from huggingface_hub import constants
+
+    from codeparrot.data.hub_input import _stream_error
+
+    for path in ("./not-here", "/not/here", "a/b/c", "not-here.jsonl"):
+        with pytest.raises(CodeParrotError, match=rf"^--dataset-id {re.escape(path)}: no such folder \(and no Hub id"):
+            resolve_inputs([], dataset_id=path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    offline = ConnectionError("Couldn't reach 'someone/not-here' on the Hub (OfflineModeIsEnabled)")
+    hub = resolve_inputs([], dataset_id="someone/not-here")[0]
+    assert str(_stream_error(hub, offline)) == (
+        "--dataset-id someone/not-here: no such file or folder, and not a Hub dataset either (the Hub is offline: "
+        "HF_HUB_OFFLINE=1, and the datasets cache does not hold it)")
+    named = parse_hub_spec("hf://datasets/someone/not-here")  # the Hub alone: its own error
+    assert str(_stream_error(named, offline)).startswith("cannot stream hf://datasets/someone/not-here:train: ")
 
 
 def _decisions(out: Path) -> dict:

@@ -445,3 +445,21 @@ def test_hub_snapshot_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(CodeParrotError, match="offline|not found"):
         resolve_model_dir("nobody-here/not-cached-model", "main")
+
+
+def test_a_missing_folder_that_reads_as_a_hub_id_names_both_readings(monkeypatch):
+    """`owner/name` with no folder `owner` here is a Hub id, but a mistyped or not yet made folder (the README's
+    gpu_data/model-repo before `make gpu-data`) must not read as a Hub failure only; `hf://` is the Hub alone."""
+    from huggingface_hub import constants
+
+    from codeparrot.repository.refs import open_repository
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    both = (r"^nobody-here/not-cached-model: no such folder, and nobody-here/not-cached-model@main is not in the "
+            r"local Hub cache either \(the Hub is offline: HF_HUB_OFFLINE=1\)$")
+    with pytest.raises(CodeParrotError, match=both):
+        resolve_model_dir("nobody-here/not-cached-model", "main")
+    with pytest.raises(CodeParrotError, match=both):
+        open_repository("nobody-here/not-cached-model").resolve_revision("main")
+    with pytest.raises(CodeParrotError, match=r"^downloading nobody-here/not-cached-model@main: the Hub is offline"):
+        resolve_model_dir("hf://nobody-here/not-cached-model", "main")

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import warnings
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from codeparrot.data.record_paths import could_be_hub_dataset, neither_path_nor_hub
 from codeparrot.errors import CodeParrotError
 from codeparrot.repository.datasets import resolve_dataset
 from codeparrot.training.datasets.constant_length import ConstantLengthDataset
 from codeparrot.training.datasets.pretokenized import PretokenizedDataset, is_pretokenized, validate_against_tokenizer
+from codeparrot.training.datasets.record_streams import HubRecordStream
 from codeparrot.training.stop_signal import ignore_sigterm, kill_workers_at_exit
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size: int = 1, infinite: bool = False,
@@ -64,8 +63,9 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
                                        fim_spm_rate=fim_spm_rate)
         text = os.fspath(data)
         if not os.path.exists(text) and not glob.has_magic(text):
-            if not _HUB_ID.match(text):
-                raise CodeParrotError(f"dataset path {text} does not exist")
+            if not could_be_hub_dataset(text):
+                raise CodeParrotError(f"dataset path {text} does not exist (no such file or folder)")
+            check_hub_dataset(text, split, text_column)
             hub_dataset, data = text, None  # "user/name": stream it from the Hub
     if not shuffle:
         shuffle_buffer = sequence_shuffle_buffer = 0
@@ -74,6 +74,16 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
         text_column=text_column, infinite=infinite, seed=seed, shuffle_buffer=shuffle_buffer,
         sequence_shuffle_buffer=sequence_shuffle_buffer, rank=rank, world_size=world_size, hub_dataset=hub_dataset,
         split=split, fim_rate=fim_rate, fim_spm_rate=fim_spm_rate)
+
+
+def check_hub_dataset(name: str, split: str, text_column: str) -> None:
+    """A one-line error naming both readings of `name`, a missing path that may be a Hub dataset id, when the
+    Hub cannot stream it either: a mistyped folder must not read as a Hub failure only. Opening the stream costs
+    a few Hub requests (none offline), paid again when the dataset opens its own."""
+    try:
+        HubRecordStream(name, split, None, text_column, 0, 1)
+    except CodeParrotError as err:
+        raise neither_path_nor_hub(f"dataset {name}", str(err)) from None
 
 
 def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int, num_workers: int = 0,

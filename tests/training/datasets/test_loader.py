@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -55,10 +56,21 @@ def test_factory_picks_the_dataset_for_the_path(data, tokenizer, stdlib_texts):
         build_dataset(str(pretok), other, L)
     with pytest.raises(CodeParrotError, match="does not exist"):
         build_dataset(str(shards.parent / "nope" / "train"), tokenizer, L)
-    with pytest.raises(CodeParrotError, match="cannot stream dataset someone/not-here"):  # Hub id, offline
+    with pytest.raises(CodeParrotError, match=r"^dataset someone/not-here: no such file or folder, and not a Hub "
+                                              r"dataset either \(the Hub is offline: HF_HUB_OFFLINE=1"):
         build_dataset("someone/not-here", tokenizer, L)
     with pytest.raises(CodeParrotError, match="seq_length must be > 0"):
         build_dataset(str(pretok), tokenizer, -1)
+
+
+def test_a_missing_path_that_is_surely_local_never_asks_the_hub(tokenizer, monkeypatch):
+    """`./x`, `/x`, `~/x`, `a/b/c` or a data file's name cannot be a Hub dataset id: "does not exist" at once."""
+    import codeparrot.training.datasets.loader as loader
+
+    monkeypatch.setattr(loader, "HubRecordStream", None)  # any Hub attempt fails with a TypeError
+    for path in ("./not-here", "/not/here", "~/not-here", "a/b/c", "not-here.jsonl", "someone/train.json.gz"):
+        with pytest.raises(CodeParrotError, match=rf"^dataset path {re.escape(path)} does not exist \(no such file"):
+            build_dataset(path, tokenizer, L)
 
 
 def roundtrip(state):
