@@ -80,20 +80,26 @@ def raise_terminated(signum, frame) -> None:
     raise Terminated
 
 
-def _take_sigterm() -> Callable[[], None]:
-    """Have SIGTERM raise `Terminated` in the main thread while it still has its default action (a launcher or
-    library that installed its own keeps it); returns what puts the previous handler back."""
+def _take(signum: int, handler: Callable, default, ours: tuple) -> Callable[[], None]:
+    """Install `handler` for `signum` in the main thread while the signal still has its `default` handler (a
+    launcher or library that installed its own keeps it); returns what puts the previous handler back, unless
+    `main` took the signal over meanwhile (its handler is no longer one of `ours`)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is not signal.SIG_DFL:
+    previous = signal.getsignal(signum)
+    if previous is not default:
         return lambda: None
-    signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signum, handler)
 
     def restore() -> None:
-        if signal.getsignal(signal.SIGTERM) in (raise_terminated, signal.SIG_IGN):  # not if `main` took it over
-            signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signum) in ours:
+            signal.signal(signum, previous)
     return restore
+
+
+def _take_sigterm() -> Callable[[], None]:
+    """Have SIGTERM raise `Terminated` in the main thread while it still has its default action."""
+    return _take(signal.SIGTERM, raise_terminated, signal.SIG_DFL, (raise_terminated, signal.SIG_IGN))
 
 
 # Whether SIGINT (Ctrl-C) reached `run_cli`'s handler: a library may turn the KeyboardInterrupt it raised into an
@@ -110,19 +116,8 @@ def _interrupt(signum, frame) -> None:
 
 
 def _take_sigint() -> Callable[[], None]:
-    """Have SIGINT remembered (`_interrupt`) while it has Python's default handler (a library or script that
-    installed its own keeps it); returns what puts the previous handler back."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler:
-        return lambda: None
-    signal.signal(signal.SIGINT, _interrupt)
-
-    def restore() -> None:
-        if signal.getsignal(signal.SIGINT) is _interrupt:
-            signal.signal(signal.SIGINT, previous)
-    return restore
+    """Have SIGINT remembered (`_interrupt`) while it has Python's default handler."""
+    return _take(signal.SIGINT, _interrupt, signal.default_int_handler, (_interrupt,))
 
 
 # Called with the `error: ...` line on EVERY process when run_cli reports a CodeParrotError, also on the
