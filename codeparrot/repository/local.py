@@ -370,6 +370,8 @@ class LocalGitRepository(CheckpointRepository):
             parent = self._branch_tip("main")
             self._check_not_checked_out("main")
             tree = self._git("rev-parse", f"{source}^{{tree}}").strip()  # same files, no copying
+            if parent is not None and self._git("rev-parse", f"{parent}^{{tree}}").strip() == tree:
+                return parent  # main holds exactly these files already: a second promotion adds no commit
             commit = self._commit_tree(tree, parent, message)
             self._move_branch("main", commit, parent, message)
         return commit

@@ -74,5 +74,8 @@ def promote_commit(repo: CheckpointRepository, commit: str, lines: list[str] | N
     lines = list(lines or [])
     lines.append(f"main before: {before[0].commit_id[:12]} {before[0].message!r}" if before else
                  "main before: (none)")
-    lines.append(f"main now:    {new[:12]} {after[0].message if after else ''!r}")
+    if before and new == before[0].commit_id:
+        lines.append("main now:    unchanged: it holds exactly these files already (nothing to promote)")
+    else:
+        lines.append(f"main now:    {new[:12]} {after[0].message if after else ''!r}")
     return lines

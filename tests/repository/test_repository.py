@@ -99,6 +99,11 @@ def test_experiments_on_branches_end_to_end(tiny, tmp_path):
     assert saved["run-b", 200][0][:12] in main_log[0].message and main_log[0].step == 200
     assert repo.list_branches()[0].latest_step == 200
     assert _same(_load_weights(resolve_model_dir(str(tmp_path / "repo"))), saved["run-b", 200][1])
+    assert repo.promote(saved["run-b", 200][0]) == promoted  # again: main holds those files, no second commit
+    assert [c.commit_id for c in repo.list_commits("main")] == [c.commit_id for c in main_log]
+    from codeparrot.repository.promotion import promote_commit
+
+    assert promote_commit(repo, saved["run-b", 200][0])[-1].startswith("main now:    unchanged")
 
     # resolve_model_dir materializes a revision once, in a cache folder named by its commit id.
     cached = resolve_model_dir(str(tmp_path / "repo"), "run-a")
