@@ -23,11 +23,11 @@ def build_datasets(cfg: TrainConfig, tokenizer, rank: int, world: int):
     # between runs with and without FIM.
     train_ds = build_dataset(d.train, tokenizer, d.seq_length, infinite=True, shuffle=True, split="train",
                              shuffle_buffer=d.shuffle_buffer, sequence_shuffle_buffer=d.sequence_shuffle_buffer,
-                             fim_rate=d.fim_rate, fim_spm_rate=d.fim_spm_rate, **common)
+                             fim_rate=d.fim_rate, fim_spm_rate=d.fim_spm_rate, name="--data.train", **common)
     valid_ds = None
     if d.valid:
         valid_ds = build_dataset(d.valid, tokenizer, d.seq_length, infinite=False, shuffle=False, split="validation",
-                                 **common)
+                                 name="--data.valid", **common)
         # now, not as a NaN validation loss at every evaluation: a split too small for one sequence of its readers
         check_has_a_sequence(valid_ds, world * max(d.num_workers, 1), "data.valid", "data.seq_length",
                              "data.num_workers")

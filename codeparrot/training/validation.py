@@ -275,7 +275,8 @@ def validation_loss(model_ref: str, dataset: str, revision: str | None = None, t
     seq_length = seq_length or model_config.get("n_positions") or model_config.get("max_position_embeddings", 1024)
     check_model_tokenizer(model_config, tokenizer, str(tokenizer_ref or model_dir), seq_length=seq_length)
     data = build_dataset(dataset, tokenizer, seq_length, rank=accelerator.process_index,
-                         world_size=accelerator.num_processes, infinite=False, shuffle=False, text_column=text_column)
+                         world_size=accelerator.num_processes, infinite=False, shuffle=False, text_column=text_column,
+                         name="--dataset")
     check_has_a_sequence(data, accelerator.num_processes * max(num_workers, 1), "--dataset", "--seq-length",
                          "--num-workers")
     model = load_pretrained_model(str(model_dir), dtype=torch.float32)

@@ -39,7 +39,7 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
                   seed: int = 0, shuffle: bool = True, num_of_sequences: int = 1024, chars_per_token: float = 3.6,
                   text_column: str = "content", shuffle_buffer: int = 0, sequence_shuffle_buffer: int = 0,
                   hub_dataset: str | None = None, split: str = "train", fim_rate: float = 0.0,
-                  fim_spm_rate: float = 0.5) -> torch.utils.data.IterableDataset:
+                  fim_spm_rate: float = 0.5, name: str = "dataset") -> torch.utils.data.IterableDataset:
     """The training/validation dataset for `data`:
     - a pretokenized folder (`scripts/pretokenize.py`) -> `PretokenizedDataset`, after checking it was made with
       `tokenizer` (one-line error otherwise); `shuffle` = a seeded permutation of sequences per epoch;
@@ -51,7 +51,8 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
     Use `infinite=True, shuffle=True` for training and `infinite=False, shuffle=False` for validation (a finite
     stream where every sequence belongs to exactly one rank; ranks may differ by a few sequences).
     `fim_rate` > 0 turns on fill-in-the-middle in either dataset (codeparrot/fim/transform.py; `fim_spm_rate` of
-    those in SPM order); it needs a tokenizer with the FIM tokens (a one-line error otherwise)."""
+    those in SPM order); it needs a tokenizer with the FIM tokens (a one-line error otherwise). `name`: how errors
+    about a path that does not exist name `data` (the flag the user typed it in, e.g. "--data.train")."""
     if seq_length <= 0:
         raise CodeParrotError(f"seq_length must be > 0, got {seq_length}")
     if hub_dataset is None and isinstance(data, (str, os.PathLike)):
@@ -64,8 +65,8 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
         text = os.fspath(data)
         if not os.path.exists(text) and not glob.has_magic(text):
             if not could_be_hub_dataset(text):
-                raise CodeParrotError(f"dataset path {text} does not exist (no such file or folder)")
-            check_hub_dataset(text, split, text_column)
+                raise CodeParrotError(f"{name} {text} does not exist (no such file or folder)")
+            check_hub_dataset(text, split, text_column, name)
             hub_dataset, data = text, None  # "user/name": stream it from the Hub
     if not shuffle:
         shuffle_buffer = sequence_shuffle_buffer = 0
@@ -76,14 +77,14 @@ def build_dataset(data, tokenizer, seq_length: int, *, rank: int = 0, world_size
         split=split, fim_rate=fim_rate, fim_spm_rate=fim_spm_rate)
 
 
-def check_hub_dataset(name: str, split: str, text_column: str) -> None:
-    """A one-line error naming both readings of `name`, a missing path that may be a Hub dataset id, when the
-    Hub cannot stream it either: a mistyped folder must not read as a Hub failure only. Opening the stream costs
-    a few Hub requests (none offline), paid again when the dataset opens its own."""
+def check_hub_dataset(dataset: str, split: str, text_column: str, name: str = "dataset") -> None:
+    """A one-line error naming both readings of `dataset` (given as `name`), a missing path that may be a Hub
+    dataset id, when the Hub cannot stream it either: a mistyped folder must not read as a Hub failure only.
+    Opening the stream costs a few Hub requests (none offline), paid again when the dataset opens its own."""
     try:
-        HubRecordStream(name, split, None, text_column, 0, 1)
+        HubRecordStream(dataset, split, None, text_column, 0, 1)
     except CodeParrotError as err:
-        raise neither_path_nor_hub(f"dataset {name}", str(err)) from None
+        raise neither_path_nor_hub(f"{name} {dataset}", str(err)) from None
 
 
 def build_dataloader(dataset: torch.utils.data.IterableDataset, batch_size: int, num_workers: int = 0,

@@ -69,8 +69,8 @@ def test_a_missing_path_that_is_surely_local_never_asks_the_hub(tokenizer, monke
 
     monkeypatch.setattr(loader, "HubRecordStream", None)  # any Hub attempt fails with a TypeError
     for path in ("./not-here", "/not/here", "~/not-here", "a/b/c", "not-here.jsonl", "someone/train.json.gz"):
-        with pytest.raises(CodeParrotError, match=rf"^dataset path {re.escape(path)} does not exist \(no such file"):
-            build_dataset(path, tokenizer, L)
+        with pytest.raises(CodeParrotError, match=rf"^--data.train {re.escape(path)} does not exist \(no such file"):
+            build_dataset(path, tokenizer, L, name="--data.train")
 
 
 def roundtrip(state):
