@@ -37,7 +37,7 @@ from codeparrot.humaneval.stopping import STOP_STRINGS, finished_completion, tru
 from codeparrot.inference.config import GenerateConfig, check_sampling
 from codeparrot.inference.decoding import DECODE_KWARGS, checkpoint_note, flags_only
 from codeparrot.repository.model import load_model_and_tokenizer, model_context
-from codeparrot.repository.provenance import load_revision, pinned_commit, weights_dtype
+from codeparrot.repository.provenance import load_revision, pinned_commit, weights_dtype, weights_fingerprint
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -312,6 +312,7 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
     # The commit the revision names now is the one loaded and recorded: a branch moves as training pushes
     # checkpoints, and a saved generation must name the weights that made it (as HumanEval's samples do).
     commit = pinned_commit(cfg.model, cfg.revision)
+    weights = weights_fingerprint(cfg.model, commit) if cfg.output else None  # before loading: what is loaded
     model, tokenizer = load_model_and_tokenizer(cfg.model, load_revision(cfg.model, cfg.revision, commit), cfg.device)
     if note := checkpoint_note(model, tokenizer.eos_token_id):
         print(note, file=sys.stderr)
@@ -351,9 +352,11 @@ def run_generate(cfg: GenerateConfig) -> list[Completion]:
           f"seed {seed}; ended by: {reasons}{infilled}]", file=sys.stderr)
     if cfg.output:
         atomic_write_json(cfg.output, {
-            # commit: None for a plain folder or a worktree with changes (nothing to pin); dtype: float32 on a CPU,
-            # the saved one on a GPU, and another dtype gives other samples from the same seed
-            "model": cfg.model, "revision": cfg.revision, "commit": commit, "dtype": weights_dtype(model),
+            # commit: None for a plain folder or a worktree with changes (nothing to pin): then `weights`, the
+            # fingerprint of the files loaded, names them; dtype: float32 on a CPU, the saved one on a GPU, and
+            # another dtype gives other samples from the same seed
+            "model": cfg.model, "revision": cfg.revision, "commit": commit,
+            **({"weights": weights} if weights is not None else {}), "dtype": weights_dtype(model),
             "prompt": prompt, "seed": seed,
             **({"suffix": suffix} if infill else {}),
             "settings": {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,

@@ -158,6 +158,10 @@ def test_output_records_the_commit_sampled_and_the_dtype_even_if_the_branch_move
                                          "--max-new-tokens", "4", "--device", "cpu", "--output", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["commit"] is None and record["dtype"] == "float32"
+    from codeparrot.repository.provenance import weights_fingerprint
+
+    assert record["weights"] == weights_fingerprint(str(tiny_models["memorized"]), None)  # the files, named instead
+    assert record["weights"]["model.safetensors"].startswith("sha256:")
 
 
 def test_cli_help_documents_every_flag(scripts_env, python, repo_root):
