@@ -126,6 +126,13 @@ def _text(page, elem_id: str) -> str:
     return page.js(f"(document.getElementById('{elem_id}') || {{innerText: ''}}).innerText")
 
 
+def _click(page, elem_id: str) -> None:
+    """Click the element once Gradio has rendered it (a tab's children appear after the tab is selected, not
+    always all at once: a click right after another element of the tab was found once met no button)."""
+    page.wait(f"!!document.getElementById('{elem_id}')")
+    page.js(f"document.getElementById('{elem_id}').click()")
+
+
 def _set_textarea(page, elem_id: str, value: str) -> None:
     page.js(f"""(() => {{ const t = document.querySelector('#{elem_id} textarea');
         t.value = {json.dumps(value)}; t.dispatchEvent(new Event('input', {{bubbles: true}})); }})()""")
@@ -143,14 +150,14 @@ def test_complete_tab(page, tmp_path):
     _tab(page, "Complete")
     assert "HumanEval" in page.js("document.body.innerText")
     _set_code(page, "complete-prompt", "def add(a, b):")
-    page.js("document.getElementById('complete-button').click()")
+    _click(page, "complete-button")
     status = page.wait("(s => s.includes('ended by') || s.includes('error') ? s : '')"
                        "(document.getElementById('complete-status').innerText)")
     assert "ended by stop string" in status, status
     assert page.js("document.querySelector('#complete-output textarea').value") == "def add(a, b):\n    return a + b\n"
     _shot(page, tmp_path, "complete")
     _set_code(page, "complete-prompt", "   ")  # bad input: a one-line message in the page, no trace
-    page.js("document.getElementById('complete-button').click()")
+    _click(page, "complete-button")
     status = page.wait("(s => s.startsWith('error') ? s : '')(document.getElementById('complete-status').innerText)")
     assert status.startswith("error: the prompt is empty") and "Traceback" not in page.js("document.body.innerText")
 
@@ -160,7 +167,7 @@ def test_infill_tab(page, tmp_path):
     before, after = "def add(a, b):\n    ", "\n\ndef sub(a, b):\n    return a - b\n"
     _set_textarea(page, "infill-before", before)
     _set_textarea(page, "infill-after", after)
-    page.js("document.getElementById('infill-button').click()")
+    _click(page, "infill-button")
     status = page.wait("(s => s.includes('ended by') || s.includes('error') ? s : '')"
                        "(document.getElementById('infill-status').innerText)")
     assert "ended by" in status, status
@@ -173,7 +180,7 @@ def test_infill_tab(page, tmp_path):
 def test_highlight_tab(page, tmp_path, memorized_code):
     _tab(page, "Highlight")
     _set_code(page, "highlight-code", memorized_code.replace("a - b", "a ** b"))
-    page.js("document.getElementById('highlight-button').click()")
+    _click(page, "highlight-button")
     page.wait("(f => f && f.contentDocument && f.contentDocument.querySelectorAll('span.t').length)"
               "(document.querySelector('#highlight-page iframe'))")
     frame = ("document.querySelector('#highlight-page iframe').contentDocument")
@@ -185,7 +192,7 @@ def test_highlight_tab(page, tmp_path, memorized_code):
     page.js(f"{frame}.querySelector('#code').scrollIntoView()")
     _shot(page, tmp_path, "highlight")
     _set_code(page, "highlight-code", "")
-    page.js("document.getElementById('highlight-button').click()")
+    _click(page, "highlight-button")
     page.wait("document.getElementById('highlight-status').innerText.startsWith('error: the code is empty')")
 
 
@@ -208,7 +215,7 @@ def test_bad_uploads_are_one_line_messages_in_the_page(page, tmp_path, name, dat
     bad.write_bytes(data)
     _upload_file(page, "highlight-upload", bad)
     page.wait(f"document.getElementById('highlight-upload').innerText.includes({json.dumps(name)})")
-    page.js("document.getElementById('highlight-button').click()")
+    _click(page, "highlight-button")
     status = page.wait(f"(s => s.includes({json.dumps(message)}) ? s : '')"
                        "(document.getElementById('highlight-status').innerText)")
     assert status.startswith("error: ") and "\n" not in status.strip(), status
@@ -220,9 +227,9 @@ def test_experiments_tab(page, tmp_path):
     table = page.wait("(t => t.includes('exp') ? t : '')(document.getElementById('experiments-branches').innerText)")
     assert table.index("main") < table.index("exp")
     page.wait("document.getElementById('experiments-checkpoints').innerText.includes('initial model')")
-    page.js("document.getElementById('losses-button').click()")
+    _click(page, "losses-button")
     page.wait("(i => i && i.complete && i.naturalWidth > 100)(document.querySelector('#losses-plot img'))")
-    page.js("document.getElementById('promote-button').click()")  # not confirmed: refused, said in the page
+    _click(page, "promote-button")  # not confirmed: refused, said in the page
     page.wait("document.getElementById('experiments-status').innerText.startsWith('error: not promoted')")
     page.js("document.getElementById('losses-plot').scrollIntoView()")
     _shot(page, tmp_path, "experiments")
@@ -255,7 +262,7 @@ def _plot_refused(page, dataset: str, steps, expected: str, marker: str) -> str:
     _tab(page, "Experiments")
     _set_field(page, "losses-dataset", dataset)
     _set_field(page, "losses-steps", steps)
-    page.js("document.getElementById('losses-button').click()")
+    _click(page, "losses-button")
     status = page.wait(f"(s => s.includes({json.dumps(expected)}) && s.includes({json.dumps(marker)}) ? s : '')"
                        "(document.getElementById('experiments-status').innerText)")
     assert status.startswith("error: ") and "\n" not in status.strip(), status

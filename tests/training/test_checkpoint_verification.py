@@ -160,7 +160,9 @@ def test_starting_from_a_promoted_main_warns(run, tmp_path):
     shutil.copytree(toy.repo, repo_copy)
     fresh = cfg.__class__(**{**cfg.__dict__, "model": str(repo_copy)})
     assert not any(line.startswith("warning") for line in model_source_lines(fresh))
-    open_repository(str(repo_copy)).promote("main")  # main now holds a "promote ..." commit
+    repo = open_repository(str(repo_copy))
+    repo.commit_folder(cfg.run_dir() / "final", "verify", "step 2")  # the trained weights on a branch
+    repo.promote("verify")  # main now holds a "promote ..." commit
     lines = model_source_lines(fresh)
-    assert lines[0].startswith(f"starting weights: {repo_copy} @ main (commit ") and "'promote main@" in lines[0]
+    assert lines[0].startswith(f"starting weights: {repo_copy} @ main (commit ") and "'promote verify@" in lines[0]
     assert lines[1].startswith(f"warning: {repo_copy}@main holds a promoted, already-trained model")
