@@ -386,9 +386,7 @@ probability and the model's most likely alternatives.
 def run_highlight(cfg: HighlightConfig) -> FileScores:
     """scripts/highlight.py: score `cfg.file`, write the HTML page to `cfg.output` and print the summary line
     and the most surprising lines."""
-    path = Path(cfg.file)
-    if Path(cfg.output).is_dir():  # found before the model loads, not when writing the page
-        raise CodeParrotError(f"--output {cfg.output} is a directory; give the path of the HTML page to write")
+    path = Path(cfg.file)  # the output was checked writable by the script, before this module loaded
     text = read_source_file(path)
     if not text:
         raise CodeParrotError(f"{path}: the file is empty; nothing to score")
