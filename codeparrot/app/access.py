@@ -46,6 +46,12 @@ def parse_credentials(auth: str | None, auth_file: str | None) -> list[tuple[str
     return pairs or None
 
 
+def check_port_number(port: int) -> None:
+    """A one-line error for a port outside 0..65535 (0: a free port the OS picks, `server.check_port`)."""
+    if not 0 <= port <= 65535:
+        raise CodeParrotError(f"--port must be in 0..65535 (0: a free port), got {port}")
+
+
 def check_exposure(host: str, credentials: list | None, allow_unauthenticated: bool) -> None:
     """Refuse to serve a non-loopback address without a login, unless explicitly allowed."""
     if credentials or allow_unauthenticated or is_loopback(host):

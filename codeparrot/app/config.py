@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from codeparrot.app.access import check_exposure, parse_credentials
+from codeparrot.app.access import check_exposure, check_port_number, parse_credentials
 from codeparrot.config import REQUIRED, doc
 from codeparrot.errors import CodeParrotError
 
@@ -50,8 +50,7 @@ class AppConfig:
         for flag, value in (("--data-dir", self.data_dir), ("--runs-dir", self.runs_dir)):
             if value is not None and not Path(value).is_dir():
                 raise CodeParrotError(f"{flag} {value}: not a folder")
-        if not 0 <= self.port <= 65535:
-            raise CodeParrotError(f"--port must be in 0..65535 (0: a free port), got {self.port}")
+        check_port_number(self.port)
         if self.cache_gb <= 0 or self.max_upload_kb <= 0 or self.max_queue <= 0:
             raise CodeParrotError("--cache-gb, --max-upload-kb and --max-queue must be positive")
         check_exposure(self.host, self.credentials(), self.allow_unauthenticated)

@@ -15,7 +15,7 @@ import socket
 import threading
 from pathlib import Path
 
-from codeparrot.app.access import check_exposure
+from codeparrot.app.access import check_exposure, check_port_number
 from codeparrot.app.complete import build_complete_tab
 from codeparrot.app.config import DEFAULT_MAX_QUEUE, AppConfig
 from codeparrot.app.data import build_data_tab
@@ -72,8 +72,7 @@ def start(ws: Workspace, host: str = "127.0.0.1", port: int = 7860, auth: list[t
     """Serve the app in background threads; returns (blocks, local URL). `blocks.close()` stops it.
     `auth`: [(user, password)] for Gradio's login; without it only a loopback `host` is served, unless
     `allow_unauthenticated` (codeparrot/app/access.py). `max_queue`: requests that may wait at once."""
-    if not 0 <= port <= 65535:
-        raise CodeParrotError(f"--port must be in 0..65535 (0: a free port), got {port}")
+    check_port_number(port)
     if max_queue < 1:
         raise CodeParrotError(f"--max-queue must be at least 1, got {max_queue}")
     check_exposure(host, auth, allow_unauthenticated)
